@@ -1,0 +1,1 @@
+"""The launcher process (`elasticrun`): CLI, hosts, launch, rendezvous and the HTTP API."""

@@ -1,0 +1,174 @@
+"""`elasticrun`: the command line, with horovodrun's flag names and meaning."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import NoReturn
+
+from elastic.driver.errors import LaunchError, UsageError
+from elastic.driver.hosts import HostSpec, parse_host_list, read_hostfile
+from elastic.driver.job import Job
+from elastic.driver.launch.ssh import SshOptions
+from elastic.driver.settings import Settings
+
+log = logging.getLogger("elasticrun")
+
+EXAMPLES = """\
+examples:
+  elasticrun -np 2 python train.py
+  elasticrun -np 4 -H host1:2,host2:2 python train.py
+  elasticrun -np 8 --hostfile hosts.txt --output-filename logs/ python train.py
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see elasticrun --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="elasticrun",
+        description="Launch a data-parallel PyTorch job: one worker process per slot.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "-np",
+        "--num-proc",
+        dest="np",
+        type=int,
+        required=True,
+        metavar="N",
+        help="number of worker processes",
+    )
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument(
+        "-H",
+        "--hosts",
+        metavar="HOST:SLOTS,...",
+        help="hosts and their slot counts, filled in this order (default: localhost:N)",
+    )
+    hosts.add_argument(
+        "--hostfile",
+        metavar="FILE",
+        help="file with one 'host:slots' or 'host slots=N' per line",
+    )
+    parser.add_argument(
+        "-p", "--ssh-port", type=int, metavar="PORT", help="ssh port of remote hosts"
+    )
+    parser.add_argument(
+        "-i", "--ssh-identity-file", metavar="FILE", help="ssh private key for remote hosts"
+    )
+    parser.add_argument(
+        "--output-filename",
+        metavar="DIR",
+        help="also write each rank's output to DIR/rank.<N>/stdout and stderr",
+    )
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="time for ssh hosts to answer and workers to join the rendezvous (default 30)",
+    )
+    parser.add_argument(
+        "--network-interface",
+        metavar="IF",
+        help="interface whose address the driver serves on (default: loopback when all hosts "
+        "are local, else the address that routes to the first remote host)",
+    )
+    parser.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=1800.0,
+        metavar="SECONDS",
+        help="timeout of one collective operation in the workers (default 1800)",
+    )
+    parser.add_argument(
+        "--stop-grace",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="time between SIGTERM and SIGKILL when workers are stopped (default 5)",
+    )
+    parser.add_argument("--verbose", action="store_true", help="log the driver's decisions")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
+    return parser  # fmt: skip
+
+
+def _positive(value: float, flag: str) -> float:
+    if not value > 0:
+        raise UsageError(f"{flag} must be positive, got {value:g}")
+    return value
+
+
+def parse_settings(argv: list[str]) -> Settings:
+    """Turn the command line into `Settings`; raise `UsageError` with one clear line."""
+    args = build_parser().parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise UsageError("no command given: elasticrun -np N [options] COMMAND [ARGS...]")
+    if args.np < 1:
+        raise UsageError(f"-np must be at least 1, got {args.np}")
+    hosts: list[HostSpec]
+    if args.hosts is not None:
+        hosts = parse_host_list(args.hosts)
+    elif args.hostfile is not None:
+        hosts = read_hostfile(args.hostfile)
+    else:
+        hosts = [HostSpec("localhost", args.np)]
+    if args.ssh_identity_file and not os.path.isfile(args.ssh_identity_file):
+        raise UsageError(f"--ssh-identity-file: no such file {args.ssh_identity_file}")
+    if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
+        raise UsageError(f"--ssh-port must be 1-65535, got {args.ssh_port}")
+    start_timeout = _positive(args.start_timeout, "--start-timeout")
+    return Settings(
+        np=args.np,
+        hosts=hosts,
+        command=command,
+        ssh=SshOptions(
+            port=args.ssh_port,
+            identity_file=args.ssh_identity_file,
+            connect_timeout=start_timeout,
+        ),
+        output_dir=args.output_filename,
+        start_timeout=start_timeout,
+        network_interface=args.network_interface,
+        verbose=args.verbose,
+        stop_grace=_positive(args.stop_grace, "--stop-grace"),
+        collective_timeout=_positive(args.collective_timeout, "--collective-timeout"),
+    )
+
+
+async def _run(settings: Settings) -> int:
+    job = Job(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, job.request_stop, sig)
+    return await job.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(format="elasticrun: %(message)s", level=logging.WARNING)
+    try:
+        settings = parse_settings(sys.argv[1:] if argv is None else argv)
+        if settings.verbose:
+            log.setLevel(logging.DEBUG)
+        code = asyncio.run(_run(settings))
+    except UsageError as err:
+        print(f"elasticrun: error: {err}", file=sys.stderr)
+        return 2
+    except LaunchError as err:
+        print(f"elasticrun: error: {err}", file=sys.stderr)
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

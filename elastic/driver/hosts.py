@@ -1,0 +1,82 @@
+"""Host lists: parsing `-H` and hostfiles into ordered `HostSpec`s.
+
+Two forms are accepted for each host, as in horovodrun: `hostname:slots` (in `-H`, in a
+hostfile and in discovery output) and `hostname slots=N` (hostfile only). A host without a slot
+count has one slot. Order is kept: ranks fill hosts in the order given.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from elastic.driver.errors import UsageError
+
+_ENTRY = re.compile(
+    r"(?P<name>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)"
+    r"(?::(?P<slots>\S+)|\s+slots\s*=\s*(?P<slots_kv>\S+))?"
+)
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    hostname: str
+    slots: int
+
+
+def parse_host_entry(entry: str, where: str) -> HostSpec:
+    """Parse `host`, `host:N` or `host slots=N`; raise `UsageError` naming `where` if malformed.
+
+    IPv6 addresses are written in brackets: `[::1]:2`.
+    """
+    match = _ENTRY.fullmatch(entry.strip())
+    if not match:
+        raise UsageError(f"{where}: malformed host entry {entry!r} (expected host or host:slots)")
+    count = match.group("slots") or match.group("slots_kv") or "1"
+    try:
+        slots = int(count)
+    except ValueError:
+        raise UsageError(f"{where}: slot count in {entry!r} is not a number") from None
+    if slots < 1:
+        raise UsageError(f"{where}: slot count in {entry!r} must be at least 1")
+    return HostSpec(match.group("name").strip("[]"), slots)
+
+
+def merge_hosts(specs: list[HostSpec], where: str) -> list[HostSpec]:
+    """Reject a host named twice (a likely typo that would double its slots)."""
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.hostname in seen:
+            raise UsageError(f"{where}: host {spec.hostname!r} is listed more than once")
+        seen.add(spec.hostname)
+    return specs
+
+
+def parse_host_list(text: str) -> list[HostSpec]:
+    """Parse the `-H` value: comma-separated host entries."""
+    entries = text.split(",")
+    if not text.strip() or any(not e.strip() for e in entries):
+        raise UsageError(f"-H: malformed host list {text!r} (expected host1:slots,host2:slots)")
+    return merge_hosts([parse_host_entry(e, "-H") for e in entries], "-H")
+
+
+def parse_host_lines(text: str, where: str) -> list[HostSpec]:
+    """Parse one host entry per line; blank lines and `#` comments are ignored."""
+    specs = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            specs.append(parse_host_entry(line, f"{where} line {number}"))
+    return merge_hosts(specs, where)
+
+
+def read_hostfile(path: str) -> list[HostSpec]:
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise UsageError(f"--hostfile: cannot read {path}: {err.strerror}") from None
+    specs = parse_host_lines(text, f"hostfile {path}")
+    if not specs:
+        raise UsageError(f"hostfile {path} lists no hosts")
+    return specs

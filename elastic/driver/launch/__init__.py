@@ -1,0 +1,1 @@
+"""Starting worker processes: one interface, a local and an ssh implementation."""

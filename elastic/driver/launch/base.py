@@ -1,0 +1,64 @@
+"""The launcher interface: start one worker process and control it."""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from elastic.protocol.http import SlotInfo
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What to run for one slot: the user's command, its environment (token included) and cwd."""
+
+    slot: SlotInfo
+    command: list[str]
+    env: dict[str, str]
+    cwd: str
+
+
+class WorkerProcess(ABC):
+    """A started worker. Its output arrives on `stdout`/`stderr`; `wait()` gives its exit.
+
+    Exit codes follow the shell's convention: a worker killed by signal N exits 128+N
+    (`signal` says which signal when it is known).
+    """
+
+    stdout: asyncio.StreamReader
+    stderr: asyncio.StreamReader
+
+    @property
+    @abstractmethod
+    def pid(self) -> int:
+        """The local process id (the worker itself, or the ssh client for a remote one)."""
+
+    @abstractmethod
+    async def wait(self) -> int:
+        """Wait for the worker to end; return its exit code."""
+
+    @property
+    @abstractmethod
+    def signal(self) -> int | None:
+        """The signal that ended the worker, if one did and it is known."""
+
+    @abstractmethod
+    def terminate(self) -> None:
+        """Ask the worker and its children to stop (SIGTERM). Never raises."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """Stop the worker and its children now (SIGKILL). Never raises."""
+
+
+class Launcher(ABC):
+    @abstractmethod
+    async def launch(self, spec: WorkerSpec) -> WorkerProcess:
+        """Start the worker; raise `LaunchError` if it cannot be started at all."""
+
+    async def check_reachable(self, hostname: str, timeout: float) -> None:  # noqa: B027
+        """Raise `LaunchError` if `hostname` cannot run workers within `timeout` seconds."""
+
+
+OUTPUT_LIMIT = 1 << 20  # bytes of one output line kept in the stream reader's buffer

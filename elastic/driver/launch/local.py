@@ -1,0 +1,62 @@
+"""Workers on this machine: a subprocess each, in its own session."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+
+from elastic.driver.errors import LaunchError
+from elastic.driver.launch.base import OUTPUT_LIMIT, Launcher, WorkerProcess, WorkerSpec
+
+
+class LocalProcess(WorkerProcess):
+    """A local worker; signals go to its whole process group, so its children stop too."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self._process = process
+        assert process.stdout is not None and process.stderr is not None
+        self.stdout = process.stdout
+        self.stderr = process.stderr
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def signal(self) -> int | None:
+        code = self._process.returncode
+        return -code if code is not None and code < 0 else None
+
+    async def wait(self) -> int:
+        code = await self._process.wait()
+        return 128 - code if code < 0 else code
+
+    def _send(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, sig)
+
+    def terminate(self) -> None:
+        self._send(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._send(signal.SIGKILL)
+
+
+class LocalLauncher(Launcher):
+    async def launch(self, spec: WorkerSpec) -> WorkerProcess:
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *spec.command,
+                env=spec.env,
+                cwd=spec.cwd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                limit=OUTPUT_LIMIT,
+            )
+        except OSError as err:
+            raise LaunchError(f"cannot start {spec.command[0]!r}: {err.strerror}") from None
+        return LocalProcess(process)

@@ -1,0 +1,154 @@
+"""Workers on other hosts: `ssh` to the host, where `ssh_agent` starts and owns the worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+
+from elastic.driver.errors import LaunchError
+from elastic.driver.launch.base import OUTPUT_LIMIT, Launcher, WorkerProcess, WorkerSpec
+
+# The remote login provides these itself; forwarding the driver's values would be wrong there.
+_NOT_FORWARDED = re.compile(
+    r"^(HOME|USER|LOGNAME|SHELL|PWD|OLDPWD|SHLVL|HOSTNAME|_|TERM|DISPLAY|XAUTHORITY|MAIL"
+    r"|SSH_.*|BASH_FUNC_.*)$"
+)
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    port: int | None = None
+    identity_file: str | None = None
+    connect_timeout: float = 30.0
+    python: str = sys.executable  # the remote Python that has elasticrun installed
+
+
+def ssh_command(options: SshOptions, hostname: str, remote: str) -> list[str]:
+    """The ssh client command: batch mode, no host-key prompt, no secret in it."""
+    command = [
+        "ssh",
+        "-o", "BatchMode=yes",
+        "-o", "StrictHostKeyChecking=no",
+        "-o", "UserKnownHostsFile=/dev/null",
+        "-o", "LogLevel=ERROR",
+        "-o", f"ConnectTimeout={max(1, int(options.connect_timeout))}",
+    ]  # fmt: skip
+    if options.port is not None:
+        command += ["-p", str(options.port)]
+    if options.identity_file is not None:
+        command += ["-i", options.identity_file]
+    return [*command, hostname, remote]
+
+
+def forwarded_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not _NOT_FORWARDED.match(k)}
+
+
+class SshProcess(WorkerProcess):
+    """A remote worker seen through its ssh client; control lines go to the agent's stdin."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self._process = process
+        assert process.stdout is not None and process.stderr is not None
+        self.stdout = process.stdout
+        self.stderr = process.stderr
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def signal(self) -> int | None:
+        code = self._process.returncode
+        return code - 128 if code is not None and 128 < code < 160 else None
+
+    async def wait(self) -> int:
+        code = await self._process.wait()
+        return 128 - code if code < 0 else code
+
+    def _tell(self, line: str, close: bool = False) -> None:
+        stdin = self._process.stdin
+        if stdin is None or stdin.is_closing():
+            return
+        with contextlib.suppress(OSError, RuntimeError):
+            stdin.write(line.encode())
+            if close:
+                stdin.close()
+
+    def terminate(self) -> None:
+        self._tell("TERM\n")
+
+    def kill(self) -> None:
+        """SIGKILL the remote worker, then drop the connection (the agent ends with it)."""
+        self._tell("KILL\n", close=True)
+        loop = asyncio.get_running_loop()
+        loop.call_later(2.0, self._kill_client)
+
+    def _kill_client(self) -> None:
+        if self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()
+
+
+class SshLauncher(Launcher):
+    def __init__(self, options: SshOptions, grace: float) -> None:
+        self._options = options
+        self._grace = grace
+
+    async def check_reachable(self, hostname: str, timeout: float) -> None:
+        command = ssh_command(self._options, hostname, "true")
+        process = await asyncio.create_subprocess_exec(
+            *command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            _, err = await asyncio.wait_for(process.communicate(), timeout)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise LaunchError(
+                f"host {hostname} is unreachable through ssh: no answer within {timeout:g} s "
+                "(--start-timeout)"
+            ) from None
+        if process.returncode != 0:
+            lines = err.decode(errors="replace").strip().splitlines() or [
+                f"ssh exited with {process.returncode}"
+            ]
+            raise LaunchError(f"host {hostname} is unreachable through ssh: {lines[-1]}")
+
+    async def launch(self, spec: WorkerSpec) -> WorkerProcess:
+        remote = " ".join(
+            [
+                "cd",
+                shlex.quote(spec.cwd),
+                "&&",
+                "exec",
+                shlex.quote(self._options.python),
+                "-m",
+                "elastic.driver.launch.ssh_agent",
+                "--",
+                *(shlex.quote(arg) for arg in spec.command),
+            ]
+        )
+        process = await asyncio.create_subprocess_exec(
+            *ssh_command(self._options, spec.slot.hostname, remote),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            limit=OUTPUT_LIMIT,
+            env=os.environ.copy(),
+        )
+        header = {"env": forwarded_env(spec.env), "grace": self._grace}
+        assert process.stdin is not None
+        process.stdin.write((json.dumps(header) + "\n").encode())
+        return SshProcess(process)

@@ -1,0 +1,69 @@
+"""Runs on a remote host, started by the driver through ssh, and owns one worker there.
+
+Protocol on standard input (nothing secret is ever on a command line):
+  line 1: JSON `{"env": {...}, "grace": seconds}`: the worker's environment, token included;
+  then `TERM` (SIGTERM the worker's process group) or `KILL` (SIGKILL it), one per line;
+  end of input (the driver or its ssh connection went away): SIGTERM, then SIGKILL after grace.
+The agent exits with the worker's exit code (128+N when signal N ended it).
+
+Usage (by the driver only): python -m elastic.driver.launch.ssh_agent -- COMMAND...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+
+
+def _stop(process: subprocess.Popen[bytes], grace: float) -> None:
+    _signal_group(process, signal.SIGTERM)
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        _signal_group(process, signal.SIGKILL)
+
+
+def _follow_driver(process: subprocess.Popen[bytes], grace: float) -> None:
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "TERM":
+            _signal_group(process, signal.SIGTERM)
+        elif command == "KILL":
+            _signal_group(process, signal.SIGKILL)
+    _stop(process, grace)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0] != "--":
+        print("usage: python -m elastic.driver.launch.ssh_agent -- COMMAND...", file=sys.stderr)
+        return 2
+    header = json.loads(sys.stdin.readline() or "{}")
+    env = dict(os.environ)
+    env.update(header.get("env", {}))
+    grace = float(header.get("grace", 5.0))
+    try:
+        process = subprocess.Popen(
+            argv[1:], env=env, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    except OSError as err:
+        print(f"elasticrun: cannot start {argv[1]!r}: {err.strerror}", file=sys.stderr)
+        return 127
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda *_: _stop(process, grace))
+    threading.Thread(target=_follow_driver, args=(process, grace), daemon=True).start()
+    code = process.wait()
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

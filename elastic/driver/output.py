@@ -1,0 +1,55 @@
+"""Workers' output: tagged by rank on the launcher's stdout/stderr, optionally also to files."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import BinaryIO
+
+_CHUNK = 1 << 16
+
+
+class OutputSink:
+    """Writes one rank's stream as `[rank]<stdout>:line` and, with a directory, to
+    `DIR/rank.<rank>/<stdout|stderr>` (raw lines)."""
+
+    def __init__(self, rank: int, stream: str, directory: str | None) -> None:
+        self._prefix = f"[{rank}]<{stream}>:".encode()
+        self._console: BinaryIO = (sys.stdout if stream == "stdout" else sys.stderr).buffer
+        self._file: BinaryIO | None = None
+        if directory is not None:
+            folder = Path(directory) / f"rank.{rank}"
+            folder.mkdir(parents=True, exist_ok=True)
+            self._file = open(folder / stream, "ab")  # noqa: SIM115 - closed in close()
+
+    def write_line(self, line: bytes) -> None:
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        self._console.write(self._prefix + line)
+        self._console.flush()
+        if self._file is not None:
+            self._file.write(line)
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+async def pump(reader: asyncio.StreamReader, sink: OutputSink) -> None:
+    """Copy `reader` to `sink` line by line until end of stream; very long lines are split."""
+    pending = b""
+    try:
+        while chunk := await reader.read(_CHUNK):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                sink.write_line(line + b"\n")
+            if len(pending) > _CHUNK:
+                sink.write_line(pending)
+                pending = b""
+        if pending:
+            sink.write_line(pending)
+    finally:
+        sink.close()

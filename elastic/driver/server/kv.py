@@ -1,0 +1,96 @@
+"""`/v1/kv`: the torch.distributed Store operations, namespaced by epoch."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from fastapi import APIRouter, HTTPException
+
+from elastic.driver.rendezvous import Rendezvous
+from elastic.driver.server.auth import ServicesDep
+from elastic.protocol.http import (
+    AddRequest,
+    AddResponse,
+    CheckResponse,
+    CompareSetRequest,
+    CountResponse,
+    DeleteResponse,
+    EpochRequest,
+    GetRequest,
+    KeyRequest,
+    KeysRequest,
+    SetRequest,
+    ValueResponse,
+    WaitRequest,
+)
+
+router = APIRouter(prefix="/v1/kv", tags=["kv"])
+
+
+def _key(epoch: int, key: str) -> str:
+    return Rendezvous.epoch_prefix(epoch) + key
+
+
+def _decode(text: str, field: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise HTTPException(400, f"{field} is not valid base64") from None
+
+
+def _encode(value: bytes) -> str:
+    return base64.b64encode(value).decode()
+
+
+@router.post("/set")
+async def set_key(body: SetRequest, svc: ServicesDep) -> CheckResponse:
+    await svc.kv.set(_key(body.epoch, body.key), _decode(body.value, "value"))
+    return CheckResponse(ready=True)
+
+
+@router.post("/get", responses={404: {"description": "the key was not set within the timeout"}})
+async def get_key(body: GetRequest, svc: ServicesDep) -> ValueResponse:
+    value = await svc.kv.get(_key(body.epoch, body.key), body.timeout)
+    if value is None:
+        raise HTTPException(404, f"key {body.key!r} was not set within {body.timeout:g} s")
+    return ValueResponse(value=_encode(value))
+
+
+@router.post("/add")
+async def add(body: AddRequest, svc: ServicesDep) -> AddResponse:
+    try:
+        return AddResponse(value=await svc.kv.add(_key(body.epoch, body.key), body.amount))
+    except ValueError as err:
+        raise HTTPException(409, str(err)) from None
+
+
+@router.post("/compare_set")
+async def compare_set(body: CompareSetRequest, svc: ServicesDep) -> ValueResponse:
+    value = await svc.kv.compare_set(
+        _key(body.epoch, body.key),
+        _decode(body.expected, "expected"),
+        _decode(body.desired, "desired"),
+    )
+    return ValueResponse(value=_encode(value))
+
+
+@router.post("/check")
+async def check(body: KeysRequest, svc: ServicesDep) -> CheckResponse:
+    return CheckResponse(ready=await svc.kv.check([_key(body.epoch, k) for k in body.keys]))
+
+
+@router.post("/wait")
+async def wait(body: WaitRequest, svc: ServicesDep) -> CheckResponse:
+    keys = [_key(body.epoch, k) for k in body.keys]
+    return CheckResponse(ready=await svc.kv.wait(keys, body.timeout))
+
+
+@router.post("/delete")
+async def delete(body: KeyRequest, svc: ServicesDep) -> DeleteResponse:
+    return DeleteResponse(deleted=await svc.kv.delete(_key(body.epoch, body.key)))
+
+
+@router.post("/num_keys")
+async def num_keys(body: EpochRequest, svc: ServicesDep) -> CountResponse:
+    return CountResponse(count=await svc.kv.count(Rendezvous.epoch_prefix(body.epoch)))

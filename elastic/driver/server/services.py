@@ -1,0 +1,18 @@
+"""What the HTTP routers need from the driver, handed to the app in one object."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from elastic.driver.rendezvous import Rendezvous
+from elastic.driver.state.kv import KeyValueStore
+from elastic.protocol.http import JobStatus
+
+
+@dataclass
+class Services:
+    token: str
+    kv: KeyValueStore
+    rendezvous: Rendezvous
+    status: Callable[[], JobStatus]

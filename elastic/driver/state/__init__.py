@@ -1,0 +1,1 @@
+"""Where the driver keeps job state: one interface, one module per backend."""

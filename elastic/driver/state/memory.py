@@ -1,0 +1,82 @@
+"""The default backend: job state in the driver's memory (no setup, lost with the driver)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from elastic.driver.state.kv import KeyValueStore
+
+
+class MemoryKeyValueStore(KeyValueStore):
+    """A dict plus one change event; all methods run on the driver's event loop."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, bytes] = {}
+        self._changed = asyncio.Event()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_until(self, ready: Callable[[], bool], timeout: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not ready():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except TimeoutError:
+                return ready()
+        return True
+
+    async def set(self, key: str, value: bytes) -> None:
+        self._data[key] = value
+        self._notify()
+
+    async def get(self, key: str, timeout: float) -> bytes | None:
+        await self._wait_until(lambda: key in self._data, timeout)
+        return self._data.get(key)
+
+    async def add(self, key: str, amount: int) -> int:
+        raw = self._data.get(key, b"0")
+        try:
+            value = int(raw) + amount
+        except ValueError:
+            raise ValueError(f"key {key!r} does not hold an integer") from None
+        self._data[key] = str(value).encode()
+        self._notify()
+        return value
+
+    async def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        current = self._data.get(key)
+        if current is None and expected:
+            return expected
+        if current is None or current == expected:
+            self._data[key] = desired
+            self._notify()
+            return desired
+        return current
+
+    async def check(self, keys: list[str]) -> bool:
+        return all(k in self._data for k in keys)
+
+    async def wait(self, keys: list[str], timeout: float) -> bool:
+        return await self._wait_until(lambda: all(k in self._data for k in keys), timeout)
+
+    async def delete(self, key: str) -> bool:
+        existed = self._data.pop(key, None) is not None
+        if existed:
+            self._notify()
+        return existed
+
+    async def count(self, prefix: str) -> int:
+        return sum(1 for k in self._data if k.startswith(prefix))
+
+    async def delete_prefix(self, prefix: str) -> int:
+        doomed = [k for k in self._data if k.startswith(prefix)]
+        for key in doomed:
+            del self._data[key]
+        return len(doomed)

@@ -1,0 +1,1 @@
+"""The wire contract between driver and workers: environment variables and HTTP schemas."""

@@ -1,0 +1,140 @@
+"""Request and response bodies of the driver's HTTP API (`/v1/...`).
+
+Byte values travel base64-encoded inside JSON; nothing on the wire is pickled.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_KEY_LENGTH = 1024
+MAX_VALUE_BYTES = 4 * 1024 * 1024
+MAX_KEYS_PER_REQUEST = 1024
+MAX_WAIT_SECONDS = 3600.0
+HOSTNAME_MAX_LENGTH = 255
+
+KeyName = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH)]
+Base64 = Annotated[str, Field(max_length=(MAX_VALUE_BYTES * 4) // 3 + 4, description="base64")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorResponse(Strict):
+    detail: str
+
+
+# --- rendezvous ---------------------------------------------------------------------------
+
+
+class SlotInfo(Strict):
+    """One worker's place in an epoch; the same fields Horovod's SlotInfo has."""
+
+    hostname: str
+    rank: int
+    local_rank: int
+    cross_rank: int
+    size: int
+    local_size: int
+    cross_size: int
+
+
+class JoinRequest(Strict):
+    hostname: str = Field(min_length=1, max_length=HOSTNAME_MAX_LENGTH)
+    local_rank: int = Field(ge=0, lt=1 << 16)
+    pid: int = Field(default=0, ge=0)
+    timeout: float = Field(default=30.0, ge=0.0, le=MAX_WAIT_SECONDS)
+
+
+class JoinResponse(Strict):
+    """`formed` is False when `timeout` passed before an epoch that includes the worker formed."""
+
+    formed: bool
+    epoch: int = 0
+    slot: SlotInfo | None = None
+
+
+# --- key-value store (the torch.distributed.Store operations) -----------------------------
+
+
+class KeyRequest(Strict):
+    epoch: int = Field(ge=0)
+    key: KeyName
+
+
+class SetRequest(KeyRequest):
+    value: Base64
+
+
+class GetRequest(KeyRequest):
+    timeout: float = Field(default=0.0, ge=0.0, le=MAX_WAIT_SECONDS)
+
+
+class ValueResponse(Strict):
+    value: Base64
+
+
+class AddRequest(KeyRequest):
+    amount: int = Field(ge=-(1 << 62), le=1 << 62)
+
+
+class AddResponse(Strict):
+    value: int
+
+
+class CompareSetRequest(KeyRequest):
+    expected: Base64
+    desired: Base64
+
+
+class KeysRequest(Strict):
+    epoch: int = Field(ge=0)
+    keys: list[KeyName] = Field(max_length=MAX_KEYS_PER_REQUEST)
+
+
+class WaitRequest(KeysRequest):
+    timeout: float = Field(default=0.0, ge=0.0, le=MAX_WAIT_SECONDS)
+
+
+class CheckResponse(Strict):
+    ready: bool
+
+
+class DeleteResponse(Strict):
+    deleted: bool
+
+
+class EpochRequest(Strict):
+    epoch: int = Field(ge=0)
+
+
+class CountResponse(Strict):
+    count: int
+
+
+# --- status ---------------------------------------------------------------------------------
+
+
+class HostStatus(Strict):
+    hostname: str
+    slots: int
+
+
+class WorkerStatus(Strict):
+    rank: int
+    hostname: str
+    local_rank: int
+    state: str = Field(description="launching | joined | exited | failed | stopped")
+    pid: int | None = None
+    exit_code: int | None = None
+
+
+class JobStatus(Strict):
+    job_id: str
+    epoch: int
+    size: int
+    hosts: list[HostStatus]
+    workers: list[WorkerStatus]

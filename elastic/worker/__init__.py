@@ -1,0 +1,1 @@
+"""The worker runtime: runs inside each training process started by `elasticrun`."""

@@ -1,0 +1,96 @@
+"""The worker's HTTP client for the driver's API, with bounded retries on every call."""
+
+from __future__ import annotations
+
+import time
+from typing import TypeVar
+
+import httpx
+import tenacity
+from pydantic import BaseModel
+
+from elastic.protocol.env import AUTH_SCHEME
+from elastic.protocol.http import JoinRequest, JoinResponse, SlotInfo
+
+Response = TypeVar("Response", bound=BaseModel)
+
+
+class DriverError(RuntimeError):
+    """The driver refused a request (4xx) or stayed unreachable past the retry budget."""
+
+
+class KeyNotFound(DriverError):
+    """A `get` found no value within its timeout (HTTP 404)."""
+
+
+def _retryable(err: BaseException) -> bool:
+    if isinstance(err, httpx.TransportError):
+        return True
+    return isinstance(err, httpx.HTTPStatusError) and err.response.status_code >= 500
+
+
+class DriverClient:
+    """Calls the driver; transport errors and 5xx are retried for up to `retry_for` seconds.
+
+    A 4xx answer is not retried: it raises `DriverError` with the driver's message
+    (`KeyNotFound` for 404). Thread-safe: torch may call the Store from its own threads.
+    """
+
+    def __init__(self, url: str, token: str, retry_for: float = 60.0) -> None:
+        self._http = httpx.Client(
+            base_url=url,
+            headers={"Authorization": f"{AUTH_SCHEME} {token}"},
+            timeout=httpx.Timeout(10.0),
+        )
+        self._retry_for = retry_for
+
+    def close(self) -> None:
+        self._http.close()
+
+    def post(
+        self, path: str, body: BaseModel, response: type[Response], wait: float = 0.0
+    ) -> Response:
+        """POST `body` and parse the answer; `wait` is how long the server may hold the call."""
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_retryable),
+            stop=tenacity.stop_after_delay(self._retry_for),
+            wait=tenacity.wait_exponential(multiplier=0.05, max=2.0),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    answer = self._http.post(
+                        path,
+                        content=body.model_dump_json(),
+                        headers={"Content-Type": "application/json"},
+                        timeout=httpx.Timeout(10.0, read=wait + 10.0),
+                    )
+                    if answer.status_code >= 500:
+                        answer.raise_for_status()
+        except httpx.HTTPError as err:
+            raise DriverError(
+                f"driver at {self._http.base_url} unreachable for {self._retry_for:g} s: {err}"
+            ) from err
+        if answer.status_code == 404:
+            raise KeyNotFound(answer.json().get("detail", "not found"))
+        if answer.status_code >= 400:
+            raise DriverError(f"driver refused {path}: {answer.status_code} {answer.text}")
+        return response.model_validate_json(answer.content)
+
+    def join(
+        self, hostname: str, local_rank: int, pid: int, timeout: float
+    ) -> tuple[int, SlotInfo]:
+        """Join the rendezvous; return (epoch, slot). Raises DriverError after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            poll = max(0.0, min(30.0, deadline - time.monotonic()))
+            request = JoinRequest(hostname=hostname, local_rank=local_rank, pid=pid, timeout=poll)
+            answer = self.post("/v1/rendezvous/join", request, JoinResponse, wait=poll)
+            if answer.formed and answer.slot is not None:
+                return answer.epoch, answer.slot
+            if time.monotonic() >= deadline:
+                raise DriverError(
+                    f"no epoch with a slot for {hostname} local rank {local_rank} "
+                    f"formed within {timeout:g} s"
+                )

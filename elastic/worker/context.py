@@ -1,0 +1,63 @@
+"""The worker runtime's single process-wide context.
+
+`init()` creates it, `shutdown()` clears it; every collective reads it through `current()`.
+This is the only module-level mutable state in the package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from elastic.protocol.http import SlotInfo
+
+
+class NotInitializedError(RuntimeError):
+    """Raised by every collective and query called before `init()` or after `shutdown()`."""
+
+    def __init__(self, what: str = "this call") -> None:
+        super().__init__(
+            f"{what} needs elastic.torch.init() first: the worker runtime is not initialized"
+        )
+
+
+@dataclass
+class WorkerContext:
+    """What one formed epoch gives a worker: its slot, the group and the device it uses."""
+
+    slot: SlotInfo
+    epoch: int
+    group: dist.ProcessGroup
+    device: torch.device
+    resources: list[Any] = field(default_factory=list)
+
+    @property
+    def rank(self) -> int:
+        return self.slot.rank
+
+    @property
+    def size(self) -> int:
+        return self.slot.size
+
+
+_current: WorkerContext | None = None
+
+
+def current(what: str = "this call") -> WorkerContext:
+    """Return the active context; raise `NotInitializedError` naming `what` if there is none."""
+    if _current is None:
+        raise NotInitializedError(what)
+    return _current
+
+
+def is_initialized() -> bool:
+    return _current is not None
+
+
+def activate(ctx: WorkerContext | None) -> None:
+    """Install `ctx` as the process-wide context (None clears it)."""
+    global _current
+    _current = ctx

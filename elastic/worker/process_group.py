@@ -1,0 +1,43 @@
+"""Creating and tearing down the process group of one epoch."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def device_for(local_rank: int) -> torch.device:
+    """CUDA device `local_rank` when CUDA is available, else the CPU."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def backend_for(device: torch.device) -> str:
+    """Gloo for CPU tensors; with CUDA also NCCL for CUDA tensors, in the same group."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
+def create_group(
+    store: dist.Store, rank: int, size: int, device: torch.device, timeout: timedelta
+) -> dist.ProcessGroup:
+    """Form the default process group over `store`; every rank of the epoch must call this.
+
+    Raises RuntimeError or TimeoutError if a peer does not arrive within `timeout`.
+    """
+    dist.init_process_group(
+        backend=backend_for(device), store=store, rank=rank, world_size=size, timeout=timeout
+    )
+    group = dist.group.WORLD
+    assert group is not None
+    return group
+
+
+def destroy_group() -> None:
+    """Release the current default process group, if any."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

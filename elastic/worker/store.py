@@ -1,0 +1,107 @@
+"""A `torch.distributed.Store` over the driver's KV API, bound to one epoch's namespace."""
+
+from __future__ import annotations
+
+import base64
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from elastic.protocol.http import (
+    AddRequest,
+    AddResponse,
+    CheckResponse,
+    CompareSetRequest,
+    CountResponse,
+    DeleteResponse,
+    EpochRequest,
+    GetRequest,
+    KeyRequest,
+    KeysRequest,
+    SetRequest,
+    ValueResponse,
+    WaitRequest,
+)
+from elastic.worker.client import DriverClient, KeyNotFound
+
+_POLL = 30.0  # longest single long-poll; a longer wait is several polls
+
+
+def _b64(value: bytes | str) -> str:
+    raw = value.encode() if isinstance(value, str) else bytes(value)
+    return base64.b64encode(raw).decode()
+
+
+class DriverStore(dist.Store):
+    """Every key lives under epoch `epoch`; a new epoch's store never sees old keys.
+
+    Blocking calls (`get`, `wait`) raise `TimeoutError` after the store timeout, like c10d's
+    stores; a driver that stays unreachable past the client's retry budget raises DriverError.
+    """
+
+    def __init__(self, client: DriverClient, epoch: int, timeout: timedelta) -> None:
+        super().__init__()
+        self._client = client
+        self._epoch = epoch
+        self._timeout = timeout
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = timeout
+
+    @property
+    def timeout(self) -> timedelta:
+        return self._timeout
+
+    def set(self, key: str, value: bytes | str) -> None:
+        request = SetRequest(epoch=self._epoch, key=key, value=_b64(value))
+        self._client.post("/v1/kv/set", request, CheckResponse)
+
+    def get(self, key: str) -> bytes:
+        deadline = time.monotonic() + self._timeout.total_seconds()
+        while True:
+            poll = max(0.0, min(_POLL, deadline - time.monotonic()))
+            request = GetRequest(epoch=self._epoch, key=key, timeout=poll)
+            try:
+                answer = self._client.post("/v1/kv/get", request, ValueResponse, wait=poll)
+                return base64.b64decode(answer.value)
+            except KeyNotFound:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"key {key!r} of epoch {self._epoch} not set within "
+                        f"{self._timeout.total_seconds():g} s"
+                    ) from None
+
+    def add(self, key: str, amount: int) -> int:
+        request = AddRequest(epoch=self._epoch, key=key, amount=amount)
+        return self._client.post("/v1/kv/add", request, AddResponse).value
+
+    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
+        request = CompareSetRequest(
+            epoch=self._epoch, key=key, expected=_b64(expected), desired=_b64(desired)
+        )
+        answer = self._client.post("/v1/kv/compare_set", request, ValueResponse)
+        return base64.b64decode(answer.value)
+
+    def check(self, keys: list[str]) -> bool:
+        request = KeysRequest(epoch=self._epoch, keys=keys)
+        return self._client.post("/v1/kv/check", request, CheckResponse).ready
+
+    def delete_key(self, key: str) -> bool:
+        request = KeyRequest(epoch=self._epoch, key=key)
+        return self._client.post("/v1/kv/delete", request, DeleteResponse).deleted
+
+    def num_keys(self) -> int:
+        request = EpochRequest(epoch=self._epoch)
+        return self._client.post("/v1/kv/num_keys", request, CountResponse).count
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        limit = (timeout or self._timeout).total_seconds()
+        deadline = time.monotonic() + limit
+        while True:
+            poll = max(0.0, min(_POLL, deadline - time.monotonic()))
+            request = WaitRequest(epoch=self._epoch, keys=keys, timeout=poll)
+            if self._client.post("/v1/kv/wait", request, CheckResponse, wait=poll).ready:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"keys {keys} of epoch {self._epoch} not set within {limit:g} s")
