@@ -1,0 +1,241 @@
+"""The driver's HTTP API in-process, and the worker's Store over a real loopback server."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+
+import httpx
+import pytest
+
+from elastic.driver.rendezvous import Rendezvous
+from elastic.driver.server.app import HttpServer, create_app
+from elastic.driver.server.services import Services
+from elastic.driver.state.memory import MemoryKeyValueStore
+from elastic.protocol.http import HostStatus, JobStatus, SlotInfo
+from elastic.worker.client import DriverClient, DriverError
+from elastic.worker.store import DriverStore
+
+TOKEN = "s3cret-token-value"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SLOT = SlotInfo(
+    hostname="h", rank=0, local_rank=0, cross_rank=0, size=1, local_size=1, cross_size=1
+)
+
+
+def b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def make_services() -> Services:
+    rendezvous = Rendezvous()
+    status = JobStatus(
+        job_id="j1", epoch=1, size=1, hosts=[HostStatus(hostname="h", slots=1)], workers=[]
+    )
+    return Services(TOKEN, MemoryKeyValueStore(), rendezvous, lambda: status)
+
+
+async def with_client(check) -> None:
+    services = make_services()
+    services.rendezvous.form(1, [SLOT])
+    transport = httpx.ASGITransport(app=create_app(services))
+    async with httpx.AsyncClient(transport=transport, base_url="http://driver") as client:
+        await check(client)
+
+
+def run(check) -> None:
+    asyncio.run(with_client(check))
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}, {"Authorization": "Basic x"}],
+)
+def test_requests_without_the_token_are_refused(headers: dict[str, str]) -> None:
+    async def check(client: httpx.AsyncClient) -> None:
+        for method, path, body in [
+            ("GET", "/v1/status", None),
+            ("POST", "/v1/kv/set", {"epoch": 1, "key": "k", "value": b64(b"v")}),
+            ("POST", "/v1/rendezvous/join", {"hostname": "h", "local_rank": 0}),
+        ]:
+            answer = await client.request(method, path, json=body, headers=headers)
+            assert answer.status_code == 401, path
+            assert TOKEN not in answer.text
+
+    run(check)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "code"),
+    [
+        ("/v1/kv/set", b"{not json", 422),
+        ("/v1/kv/set", b'{"epoch": 1, "key": "k"}', 422),
+        ("/v1/kv/set", b'{"epoch": 1, "key": "k", "value": "%%%"}', 400),
+        ("/v1/kv/set", b'{"epoch": -1, "key": "k", "value": ""}', 422),
+        ("/v1/kv/set", b'{"epoch": 1, "key": "", "value": ""}', 422),
+        ("/v1/kv/set", b'{"epoch": 1, "key": "k", "value": "", "extra": 1}', 422),
+        ("/v1/kv/get", b'{"epoch": 1, "key": "k", "timeout": 1e9}', 422),
+        ("/v1/kv/wait", b'{"epoch": 1, "keys": "k"}', 422),
+        ("/v1/kv/add", b'{"epoch": 1, "key": "k", "amount": "many"}', 422),
+        ("/v1/rendezvous/join", b'{"hostname": "", "local_rank": 0}', 422),
+        ("/v1/rendezvous/join", b"[]", 422),
+        ("/v1/nowhere", b"{}", 404),
+    ],
+)
+def test_malformed_requests_get_a_4xx_with_a_message(path: str, body: bytes, code: int) -> None:
+    async def check(client: httpx.AsyncClient) -> None:
+        headers = {**AUTH, "Content-Type": "application/json"}
+        answer = await client.post(path, content=body, headers=headers)
+        assert answer.status_code == code
+        assert answer.json()["detail"]
+        # The driver still serves afterwards.
+        assert (await client.get("/v1/status", headers=AUTH)).status_code == 200
+
+    run(check)
+
+
+def test_oversized_key_is_refused() -> None:
+    async def check(client: httpx.AsyncClient) -> None:
+        body = {"epoch": 1, "key": "k" * 5000, "value": ""}
+        assert (await client.post("/v1/kv/set", json=body, headers=AUTH)).status_code == 422
+
+    run(check)
+
+
+def test_add_on_a_non_integer_value_is_a_conflict_not_a_crash() -> None:
+    async def check(client: httpx.AsyncClient) -> None:
+        await client.post(
+            "/v1/kv/set", json={"epoch": 1, "key": "k", "value": b64(b"x")}, headers=AUTH
+        )
+        answer = await client.post(
+            "/v1/kv/add", json={"epoch": 1, "key": "k", "amount": 1}, headers=AUTH
+        )
+        assert answer.status_code == 409
+
+    run(check)
+
+
+def test_get_waits_for_a_later_set_and_keys_are_namespaced_by_epoch() -> None:
+    async def check(client: httpx.AsyncClient) -> None:
+        waiting = asyncio.create_task(
+            client.post("/v1/kv/get", json={"epoch": 2, "key": "k", "timeout": 10}, headers=AUTH)
+        )
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await client.post(
+            "/v1/kv/set", json={"epoch": 1, "key": "k", "value": b64(b"one")}, headers=AUTH
+        )
+        await asyncio.sleep(0.05)
+        assert not waiting.done(), "a key of epoch 1 must not answer a get in epoch 2"
+        await client.post(
+            "/v1/kv/set", json={"epoch": 2, "key": "k", "value": b64(b"two")}, headers=AUTH
+        )
+        answer = await asyncio.wait_for(waiting, 5)
+        assert base64.b64decode(answer.json()["value"]) == b"two"
+
+    run(check)
+
+
+def test_get_times_out_with_404() -> None:
+    async def check(client: httpx.AsyncClient) -> None:
+        body = {"epoch": 1, "key": "never", "timeout": 0.1}
+        answer = await client.post("/v1/kv/get", json=body, headers=AUTH)
+        assert answer.status_code == 404
+        assert "never" in answer.json()["detail"]
+
+    run(check)
+
+
+def test_join_returns_the_slot_and_epoch_or_not_formed() -> None:
+    async def check(client: httpx.AsyncClient) -> None:
+        answer = await client.post(
+            "/v1/rendezvous/join", json={"hostname": "h", "local_rank": 0}, headers=AUTH
+        )
+        assert answer.json() == {"formed": True, "epoch": 1, "slot": SLOT.model_dump()}
+        answer = await client.post(
+            "/v1/rendezvous/join",
+            json={"hostname": "other", "local_rank": 0, "timeout": 0.05},
+            headers=AUTH,
+        )
+        assert answer.json()["formed"] is False
+
+    run(check)
+
+
+def test_status_never_contains_the_token() -> None:
+    async def check(client: httpx.AsyncClient) -> None:
+        answer = await client.get("/v1/status", headers=AUTH)
+        assert answer.json()["job_id"] == "j1"
+        assert TOKEN not in answer.text
+
+    run(check)
+
+
+def test_openapi_schema_documents_every_route() -> None:
+    paths = create_app(make_services()).openapi()["paths"]
+    for route in ["set", "get", "add", "compare_set", "check", "wait", "delete", "num_keys"]:
+        assert f"/v1/kv/{route}" in paths
+    assert "/v1/rendezvous/join" in paths and "/v1/status" in paths
+
+
+@pytest.fixture
+def live_server() -> Iterator[str]:
+    """A real driver HTTP server on loopback, in its own event loop thread."""
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    holder: dict[str, HttpServer] = {}
+
+    async def serve() -> None:
+        server = HttpServer(create_app(make_services()), "127.0.0.1")
+        await server.start()
+        holder["server"] = server
+        started.set()
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(serve(), loop)
+    assert started.wait(10)
+    server = holder["server"]
+    yield server.url
+    asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def test_driver_store_implements_the_c10d_store_semantics(live_server: str) -> None:
+    client = DriverClient(live_server, TOKEN, retry_for=5)
+    store = DriverStore(client, epoch=3, timeout=timedelta(seconds=1))
+    store.set("a", b"\x00\x01binary")
+    assert store.get("a") == b"\x00\x01binary"
+    assert store.add("n", 2) == 2 and store.add("n", 5) == 7
+    assert store.get("n") == b"7"
+    assert store.compare_set("c", b"", b"first") == b"first"
+    assert store.compare_set("c", b"wrong", b"x") == b"first"
+    assert store.compare_set("c", b"first", b"second") == b"second"
+    assert store.compare_set("missing", b"expected", b"x") == b"expected"
+    assert store.check(["a", "n"]) and not store.check(["a", "absent"])
+    store.wait(["a", "c"])
+    assert store.num_keys() == 3
+    assert store.delete_key("a") and not store.delete_key("a")
+    with pytest.raises(TimeoutError):
+        store.get("absent")
+    with pytest.raises(TimeoutError):
+        store.wait(["absent"], timedelta(seconds=0.2))
+    other_epoch = DriverStore(client, epoch=4, timeout=timedelta(seconds=0.2))
+    assert not other_epoch.check(["n"])
+    client.close()
+
+
+def test_worker_client_with_a_wrong_token_gets_a_clear_error(live_server: str) -> None:
+    client = DriverClient(live_server, "wrong", retry_for=1)
+    with pytest.raises(DriverError, match="401"):
+        DriverStore(client, 1, timedelta(seconds=1)).set("k", b"v")
+
+
+def test_unreachable_driver_fails_after_the_retry_budget() -> None:
+    client = DriverClient("http://127.0.0.1:9", TOKEN, retry_for=0.5)
+    with pytest.raises(DriverError, match="unreachable"):
+        DriverStore(client, 1, timedelta(seconds=1)).set("k", b"v")
