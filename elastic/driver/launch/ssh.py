@@ -65,7 +65,11 @@ class SshProcess(WorkerProcess):
 
     @property
     def signal(self) -> int | None:
+        """The remote agent exits 128+N when signal N ended the worker; a negative code is a
+        signal that ended the ssh client itself."""
         code = self._process.returncode
+        if code is not None and code < 0:
+            return -code
         return code - 128 if code is not None and 128 < code < 160 else None
 
     async def wait(self) -> int:
@@ -87,13 +91,17 @@ class SshProcess(WorkerProcess):
     def kill(self) -> None:
         """SIGKILL the remote worker, then drop the connection (the agent ends with it)."""
         self._tell("KILL\n", close=True)
-        loop = asyncio.get_running_loop()
-        loop.call_later(2.0, self._kill_client)
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing to schedule on
+            asyncio.get_running_loop().call_later(2.0, self._kill_client)
 
     def _kill_client(self) -> None:
         if self._process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self._process.kill()
+
+
+def _no_ssh_client(hostname: str, err: OSError) -> str:
+    return f"cannot run the ssh client for host {hostname}: {err.strerror or err}"
 
 
 class SshLauncher(Launcher):
@@ -103,13 +111,16 @@ class SshLauncher(Launcher):
 
     async def check_reachable(self, hostname: str, timeout: float) -> None:
         command = ssh_command(self._options, hostname, "true")
-        process = await asyncio.create_subprocess_exec(
-            *command,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as err:
+            raise LaunchError(_no_ssh_client(hostname, err)) from None
         try:
             _, err = await asyncio.wait_for(process.communicate(), timeout)
         except TimeoutError:
@@ -139,15 +150,18 @@ class SshLauncher(Launcher):
                 *(shlex.quote(arg) for arg in spec.command),
             ]
         )
-        process = await asyncio.create_subprocess_exec(
-            *ssh_command(self._options, spec.slot.hostname, remote),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            limit=OUTPUT_LIMIT,
-            env=os.environ.copy(),
-        )
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *ssh_command(self._options, spec.slot.hostname, remote),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                limit=OUTPUT_LIMIT,
+                env=os.environ.copy(),
+            )
+        except OSError as err:
+            raise LaunchError(_no_ssh_client(spec.slot.hostname, err)) from None
         header = {"env": forwarded_env(spec.env), "grace": self._grace}
         assert process.stdin is not None
         process.stdin.write((json.dumps(header) + "\n").encode())

@@ -25,12 +25,21 @@ def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(process.pid, sig)
 
 
-def _stop(process: subprocess.Popen[bytes], grace: float) -> None:
-    _signal_group(process, signal.SIGTERM)
-    try:
-        process.wait(grace)
-    except subprocess.TimeoutExpired:
+def _kill_if_running(process: subprocess.Popen[bytes]) -> None:
+    if process.returncode is None:
         _signal_group(process, signal.SIGKILL)
+
+
+def _stop(process: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM the worker's group; SIGKILL it if the worker still runs `grace` seconds later.
+
+    Never waits: it also runs in signal handlers, where waiting for the worker would stall
+    until the grace period ends (the main thread holds the wait lock while it is interrupted).
+    """
+    _signal_group(process, signal.SIGTERM)
+    timer = threading.Timer(grace, _kill_if_running, args=(process,))
+    timer.daemon = True
+    timer.start()
 
 
 def _follow_driver(process: subprocess.Popen[bytes], grace: float) -> None:

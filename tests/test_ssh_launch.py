@@ -1,0 +1,412 @@
+"""`elasticrun` with a host reached through a real sshd (tests/sshd.py) on 127.0.0.2.
+
+Real processes only: the launcher as a user runs it, workers that print what the test waits
+for, faults injected by signals and by hosts that do not answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from tests.sshd import SshServer
+
+pytest_plugins = ["tests.sshd"]
+pytestmark = [pytest.mark.ssh, pytest.mark.timeout(60)]
+
+ELASTICRUN = [sys.executable, "-m", "elastic.driver.cli"]
+REMOTE = "127.0.0.2"  # routes to loopback, no interface's address: reached through ssh
+
+ALLREDUCE_WORKER = """\
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+import elastic.torch as hvd
+
+
+def ancestors():
+    chain, pid = [], os.getppid()
+    while pid > 1:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            stat = stat_file.read()
+        chain.append([pid, stat[stat.index("(") + 1 : stat.rindex(")")]])
+        pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+    return chain
+
+
+hvd.init()
+total = torch.tensor([hvd.rank() + 1.0])
+dist.all_reduce(total)
+result = {
+    "rank": hvd.rank(),
+    "size": hvd.size(),
+    "hostname": os.environ["ELASTIC_HOSTNAME"],
+    "sum": int(total.item()),
+    "ssh_connection": os.environ.get("SSH_CONNECTION"),
+    "ancestors": ancestors(),
+}
+print("result " + json.dumps(result), flush=True)
+hvd.shutdown()
+"""
+
+# Ignores SIGTERM, prints its pid, sleeps: only SIGKILL ends it.
+STUBBORN_WORKER = """\
+import os
+import signal
+import time
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print(f"ready pid={os.getpid()}", flush=True)
+time.sleep(120)
+"""
+
+# Prints its pid, then sleeps; the rank named in argv[1] exits 3 instead.
+SLEEP_WORKER = """\
+import os
+import sys
+import time
+
+rank = os.environ["ELASTIC_RANK"]
+print(f"ready rank={rank} pid={os.getpid()}", flush=True)
+if sys.argv[1:] == [rank]:
+    sys.exit(3)
+time.sleep(120)
+"""
+
+
+class Launcher:
+    """An `elasticrun` process whose stdout and stderr lines are read as they arrive."""
+
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            [*ELASTICRUN, *args],
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self._stdout: queue.Queue[str | None] = queue.Queue()
+        self._stderr: queue.Queue[str | None] = queue.Queue()
+        for stream, lines in (
+            (self.process.stdout, self._stdout),
+            (self.process.stderr, self._stderr),
+        ):
+            threading.Thread(target=self._read, args=(stream, lines), daemon=True).start()
+
+    @staticmethod
+    def _read(stream: IO[bytes] | None, lines: queue.Queue[str | None]) -> None:
+        assert stream is not None
+        for raw in stream:
+            lines.put(raw.decode(errors="replace").rstrip("\n"))
+        lines.put(None)
+
+    def wait_for(self, pattern: str, timeout: float = 30.0) -> re.Match[str]:
+        """The first stdout line (seen before or after this call) that matches `pattern`."""
+        regex = re.compile(pattern)
+        for line in self.stdout:
+            if match := regex.search(line):
+                return match
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                line = self._stdout.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.stdout.append(line)
+            if match := regex.search(line):
+                return match
+        raise AssertionError(f"no stdout line matching {pattern!r}:\n{self.transcript()}")
+
+    def finish(self, timeout: float) -> int:
+        """Wait for the launcher's exit; collect the rest of its output; return its code."""
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"elasticrun still running after {timeout:g} s") from None
+        for lines, collected in ((self._stdout, self.stdout), (self._stderr, self.stderr)):
+            while (line := lines.get(timeout=10)) is not None:
+                collected.append(line)
+        return code
+
+    def transcript(self) -> str:
+        return "\n".join(["--- stdout", *self.stdout, "--- stderr", *self.stderr])
+
+
+def job_processes(marker: str) -> dict[int, list[str]]:
+    """Live (non-zombie) processes, other than this one, whose command line contains `marker`."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(marker in arg for arg in argv):
+            found[int(entry.name)] = argv
+    return found
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Wait (on pidfds, no polling) until the processes `pids` have exited; return those
+    still running after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    running = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                running.append(pid)
+        finally:
+            os.close(fd)
+    return running
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[[list[str]], Launcher]]:
+    """Start `elasticrun` in `tmp_path`; at the end, kill by PID every launcher still running
+    and every process whose command line names a file in `tmp_path` (the job's workers,
+    ssh clients and agents, should a test leave any)."""
+    started: list[Launcher] = []
+
+    def start(args: list[str]) -> Launcher:
+        started.append(Launcher(args, tmp_path))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for launcher in started:
+            if launcher.process.poll() is None:
+                _kill(launcher.process.pid)
+                launcher.process.wait()
+        for pid in job_processes(str(tmp_path)):
+            _kill(pid)
+
+
+def write_worker(directory: Path, body: str) -> Path:
+    path = directory / "worker.py"
+    path.write_text(body)
+    return path
+
+
+def two_hosts(sshd: SshServer, *extra: str) -> list[str]:
+    return ["-np", "2", "-H", f"localhost:1,{REMOTE}:1", *sshd.elasticrun_args(), *extra]
+
+
+def test_allreduce_across_a_local_and_an_ssh_host(
+    sshd: SshServer, launch: Callable[[list[str]], Launcher], tmp_path: Path
+) -> None:
+    worker = write_worker(tmp_path, ALLREDUCE_WORKER)
+    job = launch(two_hosts(sshd, "--start-timeout", "30", sys.executable, str(worker)))
+    results = {}
+    for rank in (0, 1):
+        match = job.wait_for(rf"^\[{rank}\]<stdout>:result (.*)$", timeout=45)
+        results[rank] = json.loads(match.group(1))
+    assert job.finish(timeout=15) == 0, job.transcript()
+
+    for rank, hostname in ((0, "localhost"), (1, REMOTE)):
+        assert results[rank]["rank"] == rank
+        assert results[rank]["size"] == 2
+        assert results[rank]["hostname"] == hostname
+        assert results[rank]["sum"] == 3  # (0 + 1) + (1 + 1)
+    local_parents = [pid for pid, _ in results[0]["ancestors"]]
+    remote_parents = [pid for pid, _ in results[1]["ancestors"]]
+    # Rank 0 is the launcher's own child; rank 1 runs under the ssh agent, in a session of
+    # this test's sshd, and is no descendant of the launcher.
+    assert local_parents[0] == job.process.pid
+    assert sshd.pid not in local_parents
+    assert sshd.pid in remote_parents
+    assert job.process.pid not in remote_parents
+    assert results[1]["ancestors"][1][1] == "sshd", results[1]["ancestors"]
+    assert results[1]["ssh_connection"].endswith(f" {REMOTE} {sshd.port}")
+
+
+def test_the_token_is_on_no_command_line(
+    sshd: SshServer, launch: Callable[[list[str]], Launcher], tmp_path: Path
+) -> None:
+    worker = write_worker(tmp_path, SLEEP_WORKER)
+    job = launch(two_hosts(sshd, sys.executable, str(worker)))
+    pids = [
+        int(job.wait_for(rf"^\[{rank}\]<stdout>:ready .*pid=(\d+)").group(1)) for rank in (0, 1)
+    ]
+
+    tokens = set()
+    for pid in pids:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        tokens |= {
+            entry.partition(b"=")[2] for entry in environ if entry.startswith(b"ELASTIC_TOKEN=")
+        }
+    assert len(tokens) == 1 and len(next(iter(tokens))) >= 16, tokens
+    token = tokens.pop()
+
+    job_argvs = list(job_processes(str(worker)).values())
+    assert any(argv[0] == "ssh" and REMOTE in argv for argv in job_argvs), job_argvs
+    assert any("elastic.driver.launch.ssh_agent" in argv for argv in job_argvs), job_argvs
+    leaks = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and token in (entry / "cmdline").read_bytes():
+                leaks.append(entry.name)
+        except OSError:
+            continue
+    assert leaks == [], f"the token is on the command line of processes {leaks}"
+
+
+def test_sigterm_stops_local_and_remote_workers(
+    sshd: SshServer, launch: Callable[[list[str]], Launcher], tmp_path: Path
+) -> None:
+    worker = write_worker(tmp_path, SLEEP_WORKER)
+    job = launch(two_hosts(sshd, "--stop-grace", "5", sys.executable, str(worker)))
+    workers = [
+        int(job.wait_for(rf"^\[{rank}\]<stdout>:ready .*pid=(\d+)").group(1)) for rank in (0, 1)
+    ]
+    running = job_processes(str(worker))
+    # launcher, 2 workers, the ssh client and the remote agent
+    assert set(workers) <= set(running) and len(running) >= 5, running
+
+    signalled = time.monotonic()
+    job.process.send_signal(signal.SIGTERM)
+    assert job.finish(timeout=15) == 143, job.transcript()
+    assert time.monotonic() - signalled < 10
+    assert job_processes(str(worker)) == {}
+    assert [pid for pid in running if Path(f"/proc/{pid}").exists()] == []
+
+
+def test_a_failing_remote_worker_fails_the_job(
+    sshd: SshServer, launch: Callable[[list[str]], Launcher], tmp_path: Path
+) -> None:
+    worker = write_worker(tmp_path, SLEEP_WORKER)
+    job = launch(two_hosts(sshd, sys.executable, str(worker), "1"))
+    assert job.finish(timeout=20) == 3, job.transcript()
+    assert any(
+        re.search(rf"rank 1 on host {re.escape(REMOTE)} exited with code 3", line)
+        for line in job.stderr
+    ), job.transcript()
+    assert job_processes(str(worker)) == {}
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port on 127.0.0.3 that accepts TCP connections and never says a word."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.3", 0))
+        listener.listen(8)
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", ["refused", "wrong key", "silent"])
+def test_an_unreachable_ssh_host_fails_with_one_line(
+    case: str,
+    sshd: SshServer,
+    launch: Callable[[list[str]], Launcher],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    host, port, key = "127.0.0.3", sshd.port, sshd.identity_file  # nothing listens there
+    start_timeout = 5
+    if case == "wrong key":
+        host, key = REMOTE, tmp_path / "stranger"
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+    elif case == "silent":
+        port, start_timeout = request.getfixturevalue("silent_port"), 2
+    worker = write_worker(tmp_path, SLEEP_WORKER)
+    job = launch(
+        [
+            "-np", "2", "-H", f"localhost:1,{host}:1", "-p", str(port), "-i", str(key),
+            "--start-timeout", str(start_timeout), sys.executable, str(worker),
+        ]
+    )  # fmt: skip
+    assert job.finish(timeout=start_timeout + 10) == 1, job.transcript()
+    assert time.monotonic() - job.started < start_timeout + 5
+    errors = [line for line in job.stderr if line.strip()]
+    assert len(errors) == 1, job.transcript()
+    assert errors[0].startswith("elasticrun: error: ") and host in errors[0], errors
+    assert job.stdout == []
+    assert job_processes(str(worker)) == {}
+
+
+def test_a_killed_launcher_leaves_no_remote_worker(
+    sshd: SshServer, launch: Callable[[list[str]], Launcher], tmp_path: Path
+) -> None:
+    """SIGKILL gives the launcher no chance to stop anything: the ssh connection's end of
+    input makes the agent SIGTERM its worker, then SIGKILL it after the grace period."""
+    worker = write_worker(tmp_path, STUBBORN_WORKER)
+    job = launch(
+        ["-np", "1", "-H", f"{REMOTE}:1", *sshd.elasticrun_args(), "--stop-grace", "1",
+         sys.executable, str(worker)]
+    )  # fmt: skip
+    pid = int(job.wait_for(r"^\[0\]<stdout>:ready pid=(\d+)").group(1))
+    remote = [p for p in job_processes(str(worker)) if p != job.process.pid]
+    assert pid in remote and len(remote) == 3, remote  # ssh client, agent, worker
+
+    job.process.kill()
+    job.process.wait(5)
+    assert wait_gone(remote, timeout=10) == []
+    assert job_processes(str(worker)) == {}
+
+
+def test_a_signalled_agent_stops_its_worker_at_once(
+    sshd: SshServer, launch: Callable[[list[str]], Launcher], tmp_path: Path
+) -> None:
+    """SIGTERM to the remote agent (an admin, a dying sshd) SIGTERMs the worker and returns
+    its status right away, whatever the grace period."""
+    worker = write_worker(tmp_path, SLEEP_WORKER)
+    job = launch(
+        ["-np", "1", "-H", f"{REMOTE}:1", *sshd.elasticrun_args(), "--stop-grace", "20",
+         sys.executable, str(worker)]
+    )  # fmt: skip
+    job.wait_for(r"^\[0\]<stdout>:ready ")
+    agents = [
+        pid
+        for pid, argv in job_processes(str(worker)).items()
+        if "elastic.driver.launch.ssh_agent" in argv
+    ]
+    assert len(agents) == 1, agents
+
+    signalled = time.monotonic()
+    os.kill(agents[0], signal.SIGTERM)
+    assert job.finish(timeout=15) == 143, job.transcript()
+    assert time.monotonic() - signalled < 5
+    assert any(
+        f"rank 0 on host {REMOTE} was killed by signal SIGTERM" in line for line in job.stderr
+    ), job.transcript()
