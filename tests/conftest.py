@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -10,65 +11,103 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO, Literal
 
 import pytest
 
 ELASTICRUN = [sys.executable, "-m", "elastic.driver.cli"]
 
+Stream = Literal["stdout", "stderr"]
+
 
 class RunningJob:
-    """An `elasticrun` process whose output lines are collected as they arrive."""
+    """An `elasticrun` process whose output lines are collected as they arrive: `stdout` and
+    `stderr` hold each stream's lines, `lines` both streams' in the order they were read."""
 
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+        self.started = time.monotonic()
         self.process = subprocess.Popen(
             [*ELASTICRUN, *args],
             cwd=cwd,
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE,
             env={**os.environ, **(env or {})},
             start_new_session=True,
         )
         self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self._streams: dict[Stream | None, list[str]] = {
+            None: self.lines,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+        }
+        self._queue: queue.Queue[tuple[Stream, str | None]] = queue.Queue()
+        self._open: set[Stream] = {"stdout", "stderr"}  # streams not yet at their end
+        for name, pipe in (("stdout", self.process.stdout), ("stderr", self.process.stderr)):
+            threading.Thread(target=self._read, args=(name, pipe), daemon=True).start()
 
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for raw in self.process.stdout:
-            self._queue.put(raw.decode(errors="replace").rstrip("\n"))
-        self._queue.put(None)
+    def _read(self, name: Stream, pipe: IO[bytes] | None) -> None:
+        assert pipe is not None
+        for raw in pipe:
+            self._queue.put((name, raw.decode(errors="replace").rstrip("\n")))
+        self._queue.put((name, None))
 
-    def wait_for(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
-        """Return the first output line (seen before or after this call) matching `pattern`."""
+    def _collect(self, timeout: float) -> tuple[Stream, str] | None:
+        """Take the next line read from either stream (None for a stream's end) and record
+        it; raise `queue.Empty` if none comes within `timeout` seconds."""
+        name, line = self._queue.get(timeout=timeout)
+        if line is None:
+            self._open.discard(name)
+            return None
+        self.lines.append(line)
+        self._streams[name].append(line)
+        return name, line
+
+    def wait_for(
+        self, pattern: str, timeout: float = 60.0, stream: Stream | None = None
+    ) -> re.Match[str]:
+        """Return the first output line (seen before or after this call) matching `pattern`:
+        a line of `stream` where one is named, else of either."""
         regex = re.compile(pattern)
-        for line in self.lines:
+        for line in self._streams[stream]:
             if match := regex.search(line):
                 return match
+        awaited = {stream} if stream else {"stdout", "stderr"}
         deadline = time.monotonic() + timeout
-        while (remaining := deadline - time.monotonic()) > 0:
+        while awaited & self._open and (remaining := deadline - time.monotonic()) > 0:
             try:
-                line = self._queue.get(timeout=remaining)
+                collected = self._collect(remaining)
             except queue.Empty:
                 break
-            if line is None:
-                break
-            self.lines.append(line)
-            if match := regex.search(line):
+            if collected is None or stream not in (None, collected[0]):
+                continue
+            if match := regex.search(collected[1]):
                 return match
-        raise AssertionError(f"no line matching {pattern!r} in:\n" + "\n".join(self.lines))
+        where = f"{stream} line" if stream else "line"
+        raise AssertionError(f"no {where} matching {pattern!r} in:\n{self.transcript()}")
 
     def finish(self, timeout: float = 120.0) -> int:
         """Wait for the launcher to exit; collect the rest of its output; return its code."""
-        code = self.process.wait(timeout)
-        while (line := self._queue.get(timeout=10)) is not None:
-            self.lines.append(line)
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"elasticrun still running after {timeout:g} s:\n{self.transcript()}"
+            ) from None
+        while self._open:
+            self._collect(timeout=10)
         return code
 
     @property
     def output(self) -> str:
         return "\n".join(self.lines)
+
+    def transcript(self) -> str:
+        return "\n".join(["--- stdout", *self.stdout, "--- stderr", *self.stderr])
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -77,8 +116,10 @@ class RunningJob:
 
 
 @pytest.fixture
-def elasticrun(tmp_path: Path) -> Iterator[type[RunningJob]]:
-    """Start `elasticrun` jobs in `tmp_path`; every one still running at the end is killed."""
+def elasticrun(tmp_path: Path) -> Iterator[Callable[..., RunningJob]]:
+    """Start `elasticrun` jobs in `tmp_path`. At the end, every one still running is killed
+    with its process group, and so is every process whose command line names a file in
+    `tmp_path` (workers, ssh clients and remote agents, should a test leave any)."""
     started: list[RunningJob] = []
 
     def start(args: list[str], env: dict[str, str] | None = None) -> RunningJob:
@@ -86,9 +127,12 @@ def elasticrun(tmp_path: Path) -> Iterator[type[RunningJob]]:
         started.append(job)
         return job
 
-    yield start  # type: ignore[misc]
+    yield start
     for job in started:
         job.stop()
+    for pid in processes_naming(str(tmp_path)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def write_script(directory: Path, name: str, body: str) -> Path:
@@ -97,13 +141,30 @@ def write_script(directory: Path, name: str, body: str) -> Path:
     return path
 
 
+def _state(pid: int | str) -> str | None:
+    """The state letter of process `pid` ("Z" for a zombie); None if there is none."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return None
+
+
 def pids_alive(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
+    """Those of `pids` that are processes still running (not zombies)."""
+    return [pid for pid in pids if _state(pid) not in (None, "Z")]
+
+
+def processes_naming(marker: str) -> dict[int, list[str]]:
+    """Live (non-zombie) processes, other than this one, whose command line contains
+    `marker`, with their command lines."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
         try:
-            status = Path(f"/proc/{pid}/stat").read_text().split()[2]
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if status != "Z":
-            alive.append(pid)
-    return alive
+        if any(marker in arg for arg in argv) and _state(entry.name) not in (None, "Z"):
+            found[int(entry.name)] = argv
+    return found

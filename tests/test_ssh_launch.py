@@ -6,23 +6,22 @@ for, faults injected by signals and by hosts that do not answer.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import queue
 import re
 import select
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 import pytest
+
+from tests.conftest import RunningJob, processes_naming, write_script
 
 if TYPE_CHECKING:
     from tests.sshd import SshServer
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 pytest_plugins = ["tests.sshd"]
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(60)]
 
-ELASTICRUN = [sys.executable, "-m", "elastic.driver.cli"]
 REMOTE = "127.0.0.2"  # routes to loopback, no interface's address: reached through ssh
 
 ALLREDUCE_WORKER = """\
@@ -93,86 +91,6 @@ time.sleep(120)
 """
 
 
-class Launcher:
-    """An `elasticrun` process whose stdout and stderr lines are read as they arrive."""
-
-    def __init__(self, args: list[str], cwd: Path) -> None:
-        self.started = time.monotonic()
-        self.process = subprocess.Popen(
-            [*ELASTICRUN, *args],
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        self.stdout: list[str] = []
-        self.stderr: list[str] = []
-        self._stdout: queue.Queue[str | None] = queue.Queue()
-        self._stderr: queue.Queue[str | None] = queue.Queue()
-        for stream, lines in (
-            (self.process.stdout, self._stdout),
-            (self.process.stderr, self._stderr),
-        ):
-            threading.Thread(target=self._read, args=(stream, lines), daemon=True).start()
-
-    @staticmethod
-    def _read(stream: IO[bytes] | None, lines: queue.Queue[str | None]) -> None:
-        assert stream is not None
-        for raw in stream:
-            lines.put(raw.decode(errors="replace").rstrip("\n"))
-        lines.put(None)
-
-    def wait_for(self, pattern: str, timeout: float = 30.0) -> re.Match[str]:
-        """The first stdout line (seen before or after this call) that matches `pattern`."""
-        regex = re.compile(pattern)
-        for line in self.stdout:
-            if match := regex.search(line):
-                return match
-        deadline = time.monotonic() + timeout
-        while (remaining := deadline - time.monotonic()) > 0:
-            try:
-                line = self._stdout.get(timeout=remaining)
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            self.stdout.append(line)
-            if match := regex.search(line):
-                return match
-        raise AssertionError(f"no stdout line matching {pattern!r}:\n{self.transcript()}")
-
-    def finish(self, timeout: float) -> int:
-        """Wait for the launcher's exit; collect the rest of its output; return its code."""
-        try:
-            code = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"elasticrun still running after {timeout:g} s") from None
-        for lines, collected in ((self._stdout, self.stdout), (self._stderr, self.stderr)):
-            while (line := lines.get(timeout=10)) is not None:
-                collected.append(line)
-        return code
-
-    def transcript(self) -> str:
-        return "\n".join(["--- stdout", *self.stdout, "--- stderr", *self.stderr])
-
-
-def job_processes(marker: str) -> dict[int, list[str]]:
-    """Live (non-zombie) processes, other than this one, whose command line contains `marker`."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and any(marker in arg for arg in argv):
-            found[int(entry.name)] = argv
-    return found
-
-
 def wait_gone(pids: list[int], timeout: float) -> list[int]:
     """Wait (on pidfds, no polling) until the processes `pids` have exited; return those
     still running after `timeout` seconds."""
@@ -191,51 +109,18 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
     return running
 
 
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Callable[[list[str]], Launcher]]:
-    """Start `elasticrun` in `tmp_path`; at the end, kill by PID every launcher still running
-    and every process whose command line names a file in `tmp_path` (the job's workers,
-    ssh clients and agents, should a test leave any)."""
-    started: list[Launcher] = []
-
-    def start(args: list[str]) -> Launcher:
-        started.append(Launcher(args, tmp_path))
-        return started[-1]
-
-    try:
-        yield start
-    finally:
-        for launcher in started:
-            if launcher.process.poll() is None:
-                _kill(launcher.process.pid)
-                launcher.process.wait()
-        for pid in job_processes(str(tmp_path)):
-            _kill(pid)
-
-
-def write_worker(directory: Path, body: str) -> Path:
-    path = directory / "worker.py"
-    path.write_text(body)
-    return path
-
-
 def two_hosts(sshd: SshServer, *extra: str) -> list[str]:
     return ["-np", "2", "-H", f"localhost:1,{REMOTE}:1", *sshd.elasticrun_args(), *extra]
 
 
 def test_allreduce_across_a_local_and_an_ssh_host(
-    sshd: SshServer, launch: Callable[[list[str]], Launcher], tmp_path: Path
+    sshd: SshServer, elasticrun: Callable[..., RunningJob], tmp_path: Path
 ) -> None:
-    worker = write_worker(tmp_path, ALLREDUCE_WORKER)
-    job = launch(two_hosts(sshd, "--start-timeout", "30", sys.executable, str(worker)))
+    worker = write_script(tmp_path, "worker.py", ALLREDUCE_WORKER)
+    job = elasticrun(two_hosts(sshd, "--start-timeout", "30", sys.executable, str(worker)))
     results = {}
     for rank in (0, 1):
-        match = job.wait_for(rf"^\[{rank}\]<stdout>:result (.*)$", timeout=45)
+        match = job.wait_for(rf"^\[{rank}\]<stdout>:result (.*)$", timeout=45, stream="stdout")
         results[rank] = json.loads(match.group(1))
     assert job.finish(timeout=15) == 0, job.transcript()
 
@@ -257,13 +142,15 @@ def test_allreduce_across_a_local_and_an_ssh_host(
 
 
 def test_the_token_is_on_no_command_line(
-    sshd: SshServer, launch: Callable[[list[str]], Launcher], tmp_path: Path
+    sshd: SshServer, elasticrun: Callable[..., RunningJob], tmp_path: Path
 ) -> None:
-    worker = write_worker(tmp_path, SLEEP_WORKER)
-    job = launch(two_hosts(sshd, sys.executable, str(worker)))
-    pids = [
-        int(job.wait_for(rf"^\[{rank}\]<stdout>:ready .*pid=(\d+)").group(1)) for rank in (0, 1)
+    worker = write_script(tmp_path, "worker.py", SLEEP_WORKER)
+    job = elasticrun(two_hosts(sshd, sys.executable, str(worker)))
+    ready = [
+        job.wait_for(rf"^\[{rank}\]<stdout>:ready .*pid=(\d+)", timeout=30, stream="stdout")
+        for rank in (0, 1)
     ]
+    pids = [int(match.group(1)) for match in ready]
 
     tokens = set()
     for pid in pids:
@@ -274,28 +161,24 @@ def test_the_token_is_on_no_command_line(
     assert len(tokens) == 1 and len(next(iter(tokens))) >= 16, tokens
     token = tokens.pop()
 
-    job_argvs = list(job_processes(str(worker)).values())
+    job_argvs = list(processes_naming(str(worker)).values())
     assert any(argv[0] == "ssh" and REMOTE in argv for argv in job_argvs), job_argvs
     assert any("elastic.driver.launch.ssh_agent" in argv for argv in job_argvs), job_argvs
-    leaks = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and token in (entry / "cmdline").read_bytes():
-                leaks.append(entry.name)
-        except OSError:
-            continue
+    leaks = list(processes_naming(token.decode()))
     assert leaks == [], f"the token is on the command line of processes {leaks}"
 
 
 def test_sigterm_stops_local_and_remote_workers(
-    sshd: SshServer, launch: Callable[[list[str]], Launcher], tmp_path: Path
+    sshd: SshServer, elasticrun: Callable[..., RunningJob], tmp_path: Path
 ) -> None:
-    worker = write_worker(tmp_path, SLEEP_WORKER)
-    job = launch(two_hosts(sshd, "--stop-grace", "5", sys.executable, str(worker)))
-    workers = [
-        int(job.wait_for(rf"^\[{rank}\]<stdout>:ready .*pid=(\d+)").group(1)) for rank in (0, 1)
+    worker = write_script(tmp_path, "worker.py", SLEEP_WORKER)
+    job = elasticrun(two_hosts(sshd, "--stop-grace", "5", sys.executable, str(worker)))
+    ready = [
+        job.wait_for(rf"^\[{rank}\]<stdout>:ready .*pid=(\d+)", timeout=30, stream="stdout")
+        for rank in (0, 1)
     ]
-    running = job_processes(str(worker))
+    workers = [int(match.group(1)) for match in ready]
+    running = processes_naming(str(worker))
     # launcher, 2 workers, the ssh client and the remote agent
     assert set(workers) <= set(running) and len(running) >= 5, running
 
@@ -303,21 +186,21 @@ def test_sigterm_stops_local_and_remote_workers(
     job.process.send_signal(signal.SIGTERM)
     assert job.finish(timeout=15) == 143, job.transcript()
     assert time.monotonic() - signalled < 10
-    assert job_processes(str(worker)) == {}
+    assert processes_naming(str(worker)) == {}
     assert [pid for pid in running if Path(f"/proc/{pid}").exists()] == []
 
 
 def test_a_failing_remote_worker_fails_the_job(
-    sshd: SshServer, launch: Callable[[list[str]], Launcher], tmp_path: Path
+    sshd: SshServer, elasticrun: Callable[..., RunningJob], tmp_path: Path
 ) -> None:
-    worker = write_worker(tmp_path, SLEEP_WORKER)
-    job = launch(two_hosts(sshd, sys.executable, str(worker), "1"))
+    worker = write_script(tmp_path, "worker.py", SLEEP_WORKER)
+    job = elasticrun(two_hosts(sshd, sys.executable, str(worker), "1"))
     assert job.finish(timeout=20) == 3, job.transcript()
     assert any(
         re.search(rf"rank 1 on host {re.escape(REMOTE)} exited with code 3", line)
         for line in job.stderr
     ), job.transcript()
-    assert job_processes(str(worker)) == {}
+    assert processes_naming(str(worker)) == {}
 
 
 @pytest.fixture
@@ -333,7 +216,7 @@ def silent_port() -> Iterator[int]:
 def test_an_unreachable_ssh_host_fails_with_one_line(
     case: str,
     sshd: SshServer,
-    launch: Callable[[list[str]], Launcher],
+    elasticrun: Callable[..., RunningJob],
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
@@ -349,8 +232,8 @@ def test_an_unreachable_ssh_host_fails_with_one_line(
         )
     elif case == "silent":
         port, start_timeout = request.getfixturevalue("silent_port"), 2
-    worker = write_worker(tmp_path, SLEEP_WORKER)
-    job = launch(
+    worker = write_script(tmp_path, "worker.py", SLEEP_WORKER)
+    job = elasticrun(
         [
             "-np", "2", "-H", f"localhost:1,{host}:1", "-p", str(port), "-i", str(key),
             "--start-timeout", str(start_timeout), sys.executable, str(worker),
@@ -362,43 +245,43 @@ def test_an_unreachable_ssh_host_fails_with_one_line(
     assert len(errors) == 1, job.transcript()
     assert errors[0].startswith("elasticrun: error: ") and host in errors[0], errors
     assert job.stdout == []
-    assert job_processes(str(worker)) == {}
+    assert processes_naming(str(worker)) == {}
 
 
 def test_a_killed_launcher_leaves_no_remote_worker(
-    sshd: SshServer, launch: Callable[[list[str]], Launcher], tmp_path: Path
+    sshd: SshServer, elasticrun: Callable[..., RunningJob], tmp_path: Path
 ) -> None:
     """SIGKILL gives the launcher no chance to stop anything: the ssh connection's end of
     input makes the agent SIGTERM its worker, then SIGKILL it after the grace period."""
-    worker = write_worker(tmp_path, STUBBORN_WORKER)
-    job = launch(
+    worker = write_script(tmp_path, "worker.py", STUBBORN_WORKER)
+    job = elasticrun(
         ["-np", "1", "-H", f"{REMOTE}:1", *sshd.elasticrun_args(), "--stop-grace", "1",
          sys.executable, str(worker)]
     )  # fmt: skip
-    pid = int(job.wait_for(r"^\[0\]<stdout>:ready pid=(\d+)").group(1))
-    remote = [p for p in job_processes(str(worker)) if p != job.process.pid]
+    pid = int(job.wait_for(r"^\[0\]<stdout>:ready pid=(\d+)", timeout=30, stream="stdout").group(1))
+    remote = [p for p in processes_naming(str(worker)) if p != job.process.pid]
     assert pid in remote and len(remote) == 3, remote  # ssh client, agent, worker
 
     job.process.kill()
     job.process.wait(5)
     assert wait_gone(remote, timeout=10) == []
-    assert job_processes(str(worker)) == {}
+    assert processes_naming(str(worker)) == {}
 
 
 def test_a_signalled_agent_stops_its_worker_at_once(
-    sshd: SshServer, launch: Callable[[list[str]], Launcher], tmp_path: Path
+    sshd: SshServer, elasticrun: Callable[..., RunningJob], tmp_path: Path
 ) -> None:
     """SIGTERM to the remote agent (an admin, a dying sshd) SIGTERMs the worker and returns
     its status right away, whatever the grace period."""
-    worker = write_worker(tmp_path, SLEEP_WORKER)
-    job = launch(
+    worker = write_script(tmp_path, "worker.py", SLEEP_WORKER)
+    job = elasticrun(
         ["-np", "1", "-H", f"{REMOTE}:1", *sshd.elasticrun_args(), "--stop-grace", "20",
          sys.executable, str(worker)]
     )  # fmt: skip
-    job.wait_for(r"^\[0\]<stdout>:ready ")
+    job.wait_for(r"^\[0\]<stdout>:ready ", timeout=30, stream="stdout")
     agents = [
         pid
-        for pid, argv in job_processes(str(worker)).items()
+        for pid, argv in processes_naming(str(worker)).items()
         if "elastic.driver.launch.ssh_agent" in argv
     ]
     assert len(agents) == 1, agents
