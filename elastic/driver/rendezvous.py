@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
+from elastic.driver.changes import ChangeNotifier
 from elastic.protocol.http import SlotInfo
 
 JoinListener = Callable[[SlotInfo, int], None]
@@ -21,7 +21,7 @@ class Rendezvous:
     def __init__(self, on_join: JoinListener | None = None) -> None:
         self.epoch = 0
         self._slots: dict[tuple[str, int], SlotInfo] = {}
-        self._formed = asyncio.Event()
+        self._changes = ChangeNotifier()
         self._on_join = on_join
 
     @staticmethod
@@ -38,24 +38,16 @@ class Rendezvous:
             raise ValueError(f"epoch {epoch} is not newer than the current epoch {self.epoch}")
         self.epoch = epoch
         self._slots = {(s.hostname, s.local_rank): s for s in slots}
-        self._formed.set()
-        self._formed = asyncio.Event()
+        self._changes.notify()
 
     async def join(
         self, hostname: str, local_rank: int, timeout: float
     ) -> tuple[int, SlotInfo] | None:
         """Return (epoch, slot) for the worker, or None if no epoch has its slot by `timeout`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while (hostname, local_rank) not in self._slots:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return None
-            try:
-                await asyncio.wait_for(self._formed.wait(), remaining)
-            except TimeoutError:
-                return None
-        slot = self._slots[(hostname, local_rank)]
+        key = (hostname, local_rank)
+        if not await self._changes.wait_until(lambda: key in self._slots, timeout):
+            return None
+        slot = self._slots[key]
         if self._on_join is not None:
             self._on_join(slot, self.epoch)
         return self.epoch, slot

@@ -52,6 +52,24 @@ class WorkerProcess(ABC):
         """Stop the worker and its children now (SIGKILL). Never raises."""
 
 
+class SubprocessWorker(WorkerProcess):
+    """A worker seen through a local child process (the worker itself, or its ssh client)."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self._process = process
+        assert process.stdout is not None and process.stderr is not None
+        self.stdout = process.stdout
+        self.stderr = process.stderr
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    async def wait(self) -> int:
+        code = await self._process.wait()
+        return 128 - code if code < 0 else code
+
+
 class Launcher(ABC):
     @abstractmethod
     async def launch(self, spec: WorkerSpec) -> WorkerProcess:

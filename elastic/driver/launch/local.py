@@ -8,30 +8,22 @@ import os
 import signal
 
 from elastic.driver.errors import LaunchError
-from elastic.driver.launch.base import OUTPUT_LIMIT, Launcher, WorkerProcess, WorkerSpec
+from elastic.driver.launch.base import (
+    OUTPUT_LIMIT,
+    Launcher,
+    SubprocessWorker,
+    WorkerProcess,
+    WorkerSpec,
+)
 
 
-class LocalProcess(WorkerProcess):
+class LocalProcess(SubprocessWorker):
     """A local worker; signals go to its whole process group, so its children stop too."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self._process = process
-        assert process.stdout is not None and process.stderr is not None
-        self.stdout = process.stdout
-        self.stderr = process.stderr
-
-    @property
-    def pid(self) -> int:
-        return self._process.pid
 
     @property
     def signal(self) -> int | None:
         code = self._process.returncode
         return -code if code is not None and code < 0 else None
-
-    async def wait(self) -> int:
-        code = await self._process.wait()
-        return 128 - code if code < 0 else code
 
     def _send(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):

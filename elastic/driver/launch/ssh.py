@@ -12,7 +12,13 @@ import sys
 from dataclasses import dataclass
 
 from elastic.driver.errors import LaunchError
-from elastic.driver.launch.base import OUTPUT_LIMIT, Launcher, WorkerProcess, WorkerSpec
+from elastic.driver.launch.base import (
+    OUTPUT_LIMIT,
+    Launcher,
+    SubprocessWorker,
+    WorkerProcess,
+    WorkerSpec,
+)
 
 # The remote login provides these itself; forwarding the driver's values would be wrong there.
 _NOT_FORWARDED = re.compile(
@@ -50,18 +56,8 @@ def forwarded_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not _NOT_FORWARDED.match(k)}
 
 
-class SshProcess(WorkerProcess):
+class SshProcess(SubprocessWorker):
     """A remote worker seen through its ssh client; control lines go to the agent's stdin."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self._process = process
-        assert process.stdout is not None and process.stderr is not None
-        self.stdout = process.stdout
-        self.stderr = process.stderr
-
-    @property
-    def pid(self) -> int:
-        return self._process.pid
 
     @property
     def signal(self) -> int | None:
@@ -71,10 +67,6 @@ class SshProcess(WorkerProcess):
         if code is not None and code < 0:
             return -code
         return code - 128 if code is not None and 128 < code < 160 else None
-
-    async def wait(self) -> int:
-        code = await self._process.wait()
-        return 128 - code if code < 0 else code
 
     def _tell(self, line: str, close: bool = False) -> None:
         stdin = self._process.stdin

@@ -2,42 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-
+from elastic.driver.changes import ChangeNotifier
 from elastic.driver.state.kv import KeyValueStore
 
 
 class MemoryKeyValueStore(KeyValueStore):
-    """A dict plus one change event; all methods run on the driver's event loop."""
+    """A dict plus a change notifier; all methods run on the driver's event loop."""
 
     def __init__(self) -> None:
         self._data: dict[str, bytes] = {}
-        self._changed = asyncio.Event()
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    async def _wait_until(self, ready: Callable[[], bool], timeout: float) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not ready():
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
-            except TimeoutError:
-                return ready()
-        return True
+        self._changes = ChangeNotifier()
 
     async def set(self, key: str, value: bytes) -> None:
         self._data[key] = value
-        self._notify()
+        self._changes.notify()
 
     async def get(self, key: str, timeout: float) -> bytes | None:
-        await self._wait_until(lambda: key in self._data, timeout)
+        await self._changes.wait_until(lambda: key in self._data, timeout)
         return self._data.get(key)
 
     async def add(self, key: str, amount: int) -> int:
@@ -47,7 +28,7 @@ class MemoryKeyValueStore(KeyValueStore):
         except ValueError:
             raise ValueError(f"key {key!r} does not hold an integer") from None
         self._data[key] = str(value).encode()
-        self._notify()
+        self._changes.notify()
         return value
 
     async def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
@@ -56,7 +37,7 @@ class MemoryKeyValueStore(KeyValueStore):
             return expected
         if current is None or current == expected:
             self._data[key] = desired
-            self._notify()
+            self._changes.notify()
             return desired
         return current
 
@@ -64,12 +45,12 @@ class MemoryKeyValueStore(KeyValueStore):
         return all(k in self._data for k in keys)
 
     async def wait(self, keys: list[str], timeout: float) -> bool:
-        return await self._wait_until(lambda: all(k in self._data for k in keys), timeout)
+        return await self._changes.wait_until(lambda: all(k in self._data for k in keys), timeout)
 
     async def delete(self, key: str) -> bool:
         existed = self._data.pop(key, None) is not None
         if existed:
-            self._notify()
+            self._changes.notify()
         return existed
 
     async def count(self, prefix: str) -> int:

@@ -1,0 +1,454 @@
+"""`DistributedOptimizer` and the broadcasts that make every rank start from the same state.
+
+`DistributedOptimizer` averages (or sums) gradients over all ranks while backward runs: each
+parameter's post-accumulate-grad hook marks it ready, and a bucket of parameters (fused into
+one reused flat buffer, in reverse registration order, up to `fusion_threshold_bytes`) is
+allreduced asynchronously once all of its gradients are ready. Buckets are launched strictly in
+bucket order, so every rank issues the same collectives in the same order. `step()` waits for
+them and writes the reduced gradients back before updating the parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from elastic.worker import collectives
+from elastic.worker.collectives import Average, ReduceOp, Sum
+from elastic.worker.compression import Compression, Compressor
+from elastic.worker.context import current
+
+__all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
+
+_FUSION_THRESHOLD_BYTES = 64 * 1024 * 1024
+
+
+class _Bucket:
+    """Parameters of one dtype and device whose gradients are reduced as one flat buffer."""
+
+    __slots__ = ("params", "indices", "numels", "flat", "views", "remaining", "pending")
+
+    def __init__(self, params: list[torch.nn.Parameter], indices: list[int]) -> None:
+        self.params = params
+        self.indices = indices
+        self.numels = [p.numel() for p in params]
+        self.flat: torch.Tensor | None = None
+        self.views: list[torch.Tensor] = []
+        self.remaining = len(params)
+        # (work, tensor being reduced, compression context) while launched.
+        self.pending: tuple[dist.Work | None, torch.Tensor, Any] | None = None
+
+    def buffer(self) -> torch.Tensor:
+        """The flat buffer, allocated on first use and reused every step."""
+        if self.flat is None:
+            first = self.params[0]
+            self.flat = torch.empty(sum(self.numels), dtype=first.dtype, device=first.device)
+            pieces = self.flat.split(self.numels)
+            self.views = [v.view_as(p) for v, p in zip(pieces, self.params, strict=True)]
+        return self.flat
+
+
+def _make_buckets(params: list[torch.nn.Parameter], threshold: int) -> list[_Bucket]:
+    """Group parameters in reverse order into buckets of one (device, dtype), each at most
+    `threshold` bytes unless a single parameter is larger."""
+    buckets: list[_Bucket] = []
+    members: list[int] = []
+    size = 0
+    key: tuple[torch.device, torch.dtype] | None = None
+    for i in reversed(range(len(params))):
+        p = params[i]
+        nbytes = p.numel() * p.element_size()
+        p_key = (p.device, p.dtype)
+        if members and (p_key != key or size + nbytes > threshold):
+            buckets.append(_Bucket([params[j] for j in members], members))
+            members, size = [], 0
+        members.append(i)
+        size += nbytes
+        key = p_key
+    if members:
+        buckets.append(_Bucket([params[j] for j in members], members))
+    return buckets
+
+
+class _GradientReducer:
+    """Reduces the gradients of `params` over the ranks, one fused bucket at a time."""
+
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        compression: type[Compressor],
+        backward_passes_per_step: int,
+        op: ReduceOp,
+        gradient_predivide_factor: float,
+        fusion_threshold_bytes: int,
+    ) -> None:
+        self.compression = compression
+        self.passes = backward_passes_per_step
+        self.op = op
+        self.prescale = 1.0 / gradient_predivide_factor
+        self.postscale = gradient_predivide_factor
+        self.buckets = _make_buckets(params, fusion_threshold_bytes)
+        self.counts = [0] * len(params)
+        self.next_launch = 0
+        self.hooks = []
+        for b, bucket in enumerate(self.buckets):
+            for i, p in zip(bucket.indices, bucket.params, strict=True):
+                hook = functools.partial(self._on_grad_ready, b, i)
+                self.hooks.append(p.register_post_accumulate_grad_hook(hook))
+
+    def in_flight(self) -> bool:
+        """True once a gradient of this round is ready (its allreduce may have started)."""
+        return self.next_launch > 0 or any(b.remaining < len(b.params) for b in self.buckets)
+
+    def _on_grad_ready(self, bucket_index: int, param_index: int, _param: torch.Tensor) -> None:
+        count = self.counts[param_index] + 1
+        if count > self.passes:
+            raise RuntimeError(
+                "Gradients were computed more than backward_passes_per_step times before "
+                "optimizer.step() or synchronize(); increase backward_passes_per_step to "
+                "accumulate gradients locally"
+            )
+        self.counts[param_index] = count
+        if count == self.passes:
+            bucket = self.buckets[bucket_index]
+            bucket.remaining -= 1
+            if bucket.remaining == 0 and bucket_index == self.next_launch:
+                self._launch_until(lambda b: b.remaining == 0)
+
+    def _launch_until(self, ready: Callable[[_Bucket], bool]) -> None:
+        """Launch buckets in order from the next unlaunched one while `ready` holds."""
+        try:
+            while self.next_launch < len(self.buckets):
+                bucket = self.buckets[self.next_launch]
+                if not ready(bucket):
+                    return
+                self._launch(bucket)
+                self.next_launch += 1
+        except BaseException:
+            self.abandon()
+            raise
+
+    @torch.no_grad()
+    def _launch(self, bucket: _Bucket) -> None:
+        ctx = current("DistributedOptimizer")
+        flat = bucket.buffer()
+        grads = [p.grad for p in bucket.params]
+        if all(g is not None and not g.is_sparse for g in grads):
+            torch.cat([g.reshape(-1) for g in grads], out=flat)
+        else:
+            for view, g in zip(bucket.views, grads, strict=True):
+                if g is None:
+                    view.zero_()  # a gradient this rank never computed counts as zeros
+                else:
+                    view.copy_(g.to_dense() if g.is_sparse else g)
+        if self.prescale != 1.0:
+            flat.mul_(self.prescale)
+        buf, cctx = self.compression.compress(flat)
+        if not buf.is_contiguous():
+            buf = buf.contiguous()
+        work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=ctx.group, async_op=True)
+        bucket.pending = (work, buf, cctx)
+
+    @torch.no_grad()
+    def synchronize(self, size: int) -> None:
+        """Launch the buckets not yet launched, wait for all, write reduced gradients back.
+
+        On error the pending round is abandoned (see `abandon`) and the error re-raised.
+        """
+        self._launch_until(lambda b: True)
+        try:
+            factor = self.postscale / size if self.op == Average else self.postscale
+            for bucket in self.buckets:
+                self._finish(bucket, factor)
+        except BaseException:
+            self.abandon()
+            raise
+        self._reset_round()
+
+    def _finish(self, bucket: _Bucket, factor: float) -> None:
+        """Wait for `bucket`'s allreduce, then write `factor * result` into the gradients."""
+        assert bucket.pending is not None
+        work, buf, cctx = bucket.pending
+        if work is not None:
+            collectives._wait(work)
+        out = self.compression.decompress(buf, cctx)
+        if out is bucket.flat:
+            views = bucket.views
+        else:
+            pieces = zip(out.split(bucket.numels), bucket.params, strict=True)
+            views = [piece.view_as(p) for piece, p in pieces]
+        for p, view in zip(bucket.params, views, strict=True):
+            grad = p.grad
+            if grad is None or grad.is_sparse:
+                p.grad = view.mul(factor) if factor != 1.0 else view.clone()
+            elif factor != 1.0:
+                torch.mul(view, factor, out=grad)  # scale and copy back in one pass
+            else:
+                grad.copy_(view)
+
+    def _reset_round(self) -> None:
+        counts = self.counts
+        for i in range(len(counts)):
+            counts[i] = 0
+        for bucket in self.buckets:
+            bucket.remaining = len(bucket.params)
+            bucket.pending = None
+        self.next_launch = 0
+
+    def abandon(self) -> None:
+        """Forget the current round after a failure; the next backward starts a new one.
+
+        The flat buffers are dropped too: an abandoned collective may still write to them.
+        """
+        for bucket in self.buckets:
+            bucket.flat = None
+            bucket.views = []
+        self._reset_round()
+
+    def remove_hooks(self) -> None:
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks = []
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Placed before the wrapped optimizer's class in a dynamically created subclass."""
+
+    _reducer: _GradientReducer
+    _should_synchronize: bool
+    _synchronized: bool
+
+    def synchronize(self) -> None:
+        """Wait for all gradient allreduces of this step and write the results to `.grad`.
+
+        Parameters whose gradient this rank never computed contribute zeros and receive the
+        reduced gradient. Raises `RuntimeError` if a peer dies (the elastic runtime turns that
+        into `WorkerLostError`); the pending round is then dropped so that the step can be
+        retried after the job re-forms.
+        """
+        ctx = current("DistributedOptimizer.synchronize")
+        self._reducer.synchronize(ctx.size)
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Make `step()` skip its `synchronize()`, after an explicit one (e.g. to clip)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        """Synchronize the gradients (unless inside `skip_synchronize()`), then update."""
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() after "
+                    "optimizer.synchronize(): the gradients are reduced a second time",
+                    stacklevel=2,
+                )
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    # The wrapped class's step already runs torch's step hooks; keep torch from wrapping ours.
+    step.hooked = True  # type: ignore[attr-defined]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients; raises `RuntimeError` while gradient allreduces are in flight."""
+        if self._reducer.in_flight():
+            raise RuntimeError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(); this races with the "
+                "gradients' allreduce"
+            )
+        super().zero_grad(set_to_none)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load optimizer state; a gradient round in progress is dropped (an elastic restore
+        rolls back past it), so the next backward starts a new one."""
+        self._reducer.abandon()
+        super().load_state_dict(state_dict)
+
+
+def _check_named_parameters(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+) -> None:
+    if named_parameters is None:
+        return
+    named = list(named_parameters)
+    if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+        raise ValueError(
+            "named_parameters should be a sequence of (name, parameter) tuples, usually "
+            "from model.named_parameters()"
+        )
+    names = [name for name, _ in named]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"parameter names in named_parameters must be unique: {duplicates}")
+    named_ids = {id(p) for _, p in named}
+    unnamed = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in named_ids]
+    if unnamed:
+        raise ValueError(
+            f"named_parameters was given, but {len(unnamed)} of the optimizer's parameters "
+            "are not named in it"
+        )
+
+
+def DistributedOptimizer(  # noqa: N802 - Horovod's name
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    compression: type[Compressor] = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: int = Average,
+    gradient_predivide_factor: float = 1.0,
+    fusion_threshold_bytes: int = _FUSION_THRESHOLD_BYTES,
+) -> torch.optim.Optimizer:
+    """Wrap `optimizer` so that `step()` applies gradients averaged (or summed) over ranks.
+
+    Returns an instance of a subclass of `optimizer`'s class that shares its param_groups,
+    state and hooks (`isinstance` still holds). Gradients are reduced as backward produces
+    them; with `backward_passes_per_step=N` they accumulate locally and are reduced on the N-th
+    backward. `gradient_predivide_factor` f divides by f before the sum and multiplies by
+    f/size after it. Buckets start in order, so a parameter that gets no gradient holds its
+    bucket and all later ones back until `step()`. Parameters added to `optimizer` after
+    wrapping are not reduced; `load_state_dict` drops a round in progress.
+    Every rank must wrap the same parameters in the same order. Raises `ValueError` for
+    invalid arguments; errors of the collectives are raised by `step()` / `synchronize()`.
+    """
+    current("hvd.DistributedOptimizer")
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("optimizer is already a DistributedOptimizer")
+    if backward_passes_per_step < 1:
+        raise ValueError("backward_passes_per_step must be at least 1")
+    reduce_op = ReduceOp(op)
+    if reduce_op not in (Average, Sum):
+        raise ValueError("DistributedOptimizer supports op=Average and op=Sum")
+    if gradient_predivide_factor != 1.0 and reduce_op != Average:
+        raise ValueError("gradient_predivide_factor needs op=Average")
+    _check_named_parameters(optimizer, named_parameters)
+
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    base = type(optimizer)
+    cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._reducer = _GradientReducer(
+        params,
+        compression,
+        backward_passes_per_step,
+        reduce_op,
+        gradient_predivide_factor,
+        fusion_threshold_bytes,
+    )
+    wrapped._should_synchronize = True
+    wrapped._synchronized = False
+    return wrapped
+
+
+# --- making ranks equal ---------------------------------------------------------------------
+
+
+def _named_tensors(
+    params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor] | torch.Tensor],
+) -> list[torch.Tensor]:
+    """The tensors in name order (in given order when some are unnamed)."""
+    if isinstance(params, Mapping):
+        items = list(params.items())
+    else:
+        items = [item if isinstance(item, tuple) else (None, item) for item in params]
+    if all(name is not None for name, _ in items):
+        items.sort(key=lambda item: item[0])
+    for name, value in items:
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"broadcast_parameters: {name!r} is a {type(value).__name__}")
+    return [value for _, value in items]
+
+
+def _fusion_chunks(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
+    """Split `tensors` by (device, dtype), keeping order, into chunks of at most `limit` bytes."""
+    by_key: dict[tuple[torch.device, torch.dtype], list[list[torch.Tensor]]] = {}
+    sizes: dict[tuple[torch.device, torch.dtype], int] = {}
+    for t in tensors:
+        key = (t.device, t.dtype)
+        nbytes = t.numel() * t.element_size()
+        chunks = by_key.setdefault(key, [[]])
+        if chunks[-1] and sizes[key] + nbytes > limit:
+            chunks.append([])
+            sizes[key] = 0
+        chunks[-1].append(t)
+        sizes[key] = sizes.get(key, 0) + nbytes
+    return [chunk for chunks in by_key.values() for chunk in chunks]
+
+
+def broadcast_parameters(
+    params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor] | torch.Tensor],
+    root_rank: int,
+) -> None:
+    """Overwrite `params` in place with `root_rank`'s values.
+
+    `params` is a state_dict or an iterable of (name, tensor) such as
+    `model.named_parameters()` (or of bare tensors, kept in their order); named tensors go in
+    sorted-name order, fused per dtype and device. Every rank must pass the same names, shapes
+    and dtypes. Raises `ValueError` for a root outside the job, `RuntimeError` if a peer dies
+    (the tensors are then partly updated).
+    """
+    ctx = current("hvd.broadcast_parameters")
+    if not 0 <= root_rank < ctx.size:
+        raise ValueError(f"root_rank {root_rank} is not a rank of this job (size {ctx.size})")
+    is_root = ctx.rank == root_rank
+    pending = []
+    with torch.no_grad():
+        for chunk in _fusion_chunks(_named_tensors(params), _FUSION_THRESHOLD_BYTES):
+            numels = [t.numel() for t in chunk]
+            if sum(numels) == 0:
+                continue
+            if len(chunk) == 1 and chunk[0].is_contiguous():
+                flat = chunk[0]
+            elif is_root:
+                flat = torch.cat([t.reshape(-1) for t in chunk])
+            else:
+                flat = torch.empty(sum(numels), dtype=chunk[0].dtype, device=chunk[0].device)
+            work = dist.broadcast(flat, group=ctx.group, group_src=root_rank, async_op=True)
+            pending.append((work, flat, chunk, numels))
+        for work, flat, chunk, numels in pending:
+            collectives._wait(work)
+            if not is_root and flat is not chunk[0]:
+                for t, piece in zip(chunk, flat.split(numels), strict=True):
+                    t.copy_(piece.view(t.shape))
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_to_cpu(v) for v in value)
+    return value
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+    """Make every rank's `optimizer` state and hyper-parameters equal to `root_rank`'s.
+
+    Non-root ranks `load_state_dict` the root's state_dict, so state tensors move to their
+    parameter's device. Every rank's optimizer must have the same parameter groups (else
+    `ValueError` from `load_state_dict` on the non-root ranks). Raises `RuntimeError` if a
+    peer dies.
+    """
+    ctx = current("hvd.broadcast_optimizer_state")
+    is_root = ctx.rank == root_rank
+    state = _to_cpu(optimizer.state_dict()) if is_root else None
+    state = collectives.broadcast_object(state, root_rank)
+    if not is_root:
+        optimizer.load_state_dict(state)

@@ -1,0 +1,245 @@
+"""DistributedOptimizer and the broadcasts in real Gloo groups, against one-process training."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from elastic.worker.compression import Compression
+from elastic.worker.context import NotInitializedError, current
+from elastic.worker.optimizer import (
+    DistributedOptimizer,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+from tests.worker_group import run_group
+
+STEPS = 3
+BATCH = 4  # rows per rank and backward pass
+
+# name -> (optimizer, backward_passes_per_step, fusion_threshold_bytes, fp16, explicit sync)
+CONFIGS: dict[str, tuple[str, int, int, bool, bool]] = {
+    "sgd": ("sgd", 1, 64 * 1024 * 1024, False, False),
+    "sgd_many_buckets": ("sgd", 1, 64, False, True),
+    "sgd_accumulate": ("sgd", 2, 100, False, False),
+    "adam_many_buckets": ("adam", 1, 64, False, False),
+    "adam_accumulate": ("adam", 2, 64 * 1024 * 1024, False, False),
+    "sgd_fp16": ("sgd", 1, 200, True, False),
+}
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.unused = nn.Parameter(torch.randn(4))  # never used: its bucket is never ready
+        self.fc1 = nn.Linear(6, 8)
+        self.sometimes = nn.Parameter(torch.randn(3))  # used only on rank 0
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor, use_sometimes: bool) -> torch.Tensor:
+        out = self.fc2(torch.tanh(self.fc1(x)))
+        return out * self.sometimes if use_sometimes else out
+
+
+def _model() -> _Net:
+    torch.manual_seed(0)
+    return _Net()
+
+
+def _optimizer(kind: str, model: nn.Module) -> torch.optim.Optimizer:
+    if kind == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return torch.optim.Adam(model.parameters(), lr=0.05)
+
+
+def _batch(step: int, micro: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 * step + 100 * micro + rank)
+    return torch.randn(BATCH, 6, generator=gen), torch.randn(BATCH, 3, generator=gen)
+
+
+def _loss(model: _Net, step: int, micro: int, rank: int) -> torch.Tensor:
+    x, y = _batch(step, micro, rank)
+    return nn.functional.mse_loss(model(x, use_sometimes=rank == 0), y)
+
+
+def _reference(config: str, size: int) -> dict[str, torch.Tensor]:
+    """One process, every rank's shards in one batch: the mean of the ranks' losses."""
+    kind, passes, _, _, _ = CONFIGS[config]
+    model = _model()
+    opt = _optimizer(kind, model)
+    for step in range(STEPS):
+        opt.zero_grad()
+        for micro in range(passes):
+            loss = sum(_loss(model, step, micro, r) for r in range(size)) / size
+            loss.backward()
+        opt.step()
+    return model.state_dict()
+
+
+def _train(config: str) -> dict[str, torch.Tensor]:
+    kind, passes, threshold, fp16, explicit_sync = CONFIGS[config]
+    rank = current("test").rank
+    model = _model()
+    opt = DistributedOptimizer(
+        _optimizer(kind, model),
+        named_parameters=model.named_parameters(),
+        compression=Compression.fp16 if fp16 else Compression.none,
+        backward_passes_per_step=passes,
+        fusion_threshold_bytes=threshold,
+    )
+    assert isinstance(opt, torch.optim.SGD if kind == "sgd" else torch.optim.Adam)
+    for step in range(STEPS):
+        opt.zero_grad()
+        for micro in range(passes):
+            _loss(model, step, micro, rank).backward()
+        if explicit_sync:
+            opt.synchronize()
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+    assert len(opt.state_dict()["state"]) == len(list(model.parameters()))
+    return model.state_dict()
+
+
+def _train_all() -> dict[str, Any]:
+    results: dict[str, Any] = {name: _train(name) for name in CONFIGS}
+    results["buckets"] = {
+        name: len(_bucket_count_probe(CONFIGS[name][2])) for name in ("sgd", "sgd_many_buckets")
+    }
+    results["errors"] = _misuse_errors()
+    return results
+
+
+def _bucket_count_probe(threshold: int) -> list[Any]:
+    model = _model()
+    opt = DistributedOptimizer(
+        torch.optim.SGD(model.parameters()), fusion_threshold_bytes=threshold
+    )
+    reducer = opt._reducer
+    reducer.remove_hooks()
+    return reducer.buckets
+
+
+def _misuse_errors() -> list[str]:
+    """Errors for misuse, raised identically on every rank."""
+    rank = current("test").rank
+    errors = []
+    model = _model()
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    _loss(model, 0, 0, rank).backward()
+    try:
+        _loss(model, 0, 1, rank).backward()
+    except RuntimeError as e:
+        errors.append("twice:" + str("backward_passes_per_step" in str(e)))
+    opt.synchronize()
+    opt.zero_grad()
+    _loss(model, 0, 0, rank).backward()
+    try:
+        opt.zero_grad()
+    except RuntimeError as e:
+        errors.append("zero_grad:" + str("before" in str(e)))
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    errors.append("warned:" + str(any("skip_synchronize" in str(w.message) for w in caught)))
+    _loss(model, 1, 0, rank).backward()  # one bucket, never complete: nothing launched
+    opt.load_state_dict(opt.state_dict())  # drops the round, as an elastic restore does
+    opt.zero_grad()
+    errors.append("restored")
+    for bad in ({"op": 3}, {"backward_passes_per_step": 0}, {"named_parameters": [("a", 1)]}):
+        try:
+            DistributedOptimizer(torch.optim.SGD(model.parameters()), **bad)
+        except ValueError:
+            errors.append("value_error")
+    return errors
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_distributed_optimizer_matches_single_process(size: int) -> None:
+    results = run_group(_train_all, size)
+    for config, (_, _, _, fp16, _) in CONFIGS.items():
+        expected = _reference(config, size)
+        tolerance = {"atol": 5e-3, "rtol": 5e-3} if fp16 else {"atol": 1e-5, "rtol": 1e-5}
+        for result in results:
+            for key, value in expected.items():
+                torch.testing.assert_close(
+                    result[config][key], value, **tolerance, msg=lambda m, k=key: f"{k}: {m}"
+                )
+    for result in results:
+        assert result["buckets"] == {"sgd": 1, "sgd_many_buckets": 5}
+        assert result["errors"] == [
+            "twice:True",
+            "zero_grad:True",
+            "warned:True",
+            "restored",
+            "value_error",
+            "value_error",
+            "value_error",
+        ]
+
+
+def _broadcasts() -> dict[str, Any]:
+    ctx = current("test")
+    rank, root = ctx.rank, ctx.size - 1
+    torch.manual_seed(rank)
+    model = _Net()
+    model.register_buffer("transposed", torch.randn(3, 4).t())  # not contiguous
+    model.register_buffer("steps", torch.tensor(rank, dtype=torch.int64))
+    broadcast_parameters(model.state_dict(), root_rank=root)
+    from_state_dict = {k: v.clone() for k, v in model.state_dict().items()}
+
+    torch.manual_seed(100 + rank)
+    other = _Net()
+    broadcast_parameters(other.named_parameters(), root_rank=root)
+
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (rank + 1))
+    for step in range(rank + 1):
+        _loss(model, step, 0, rank).backward()
+        opt.step()
+    broadcast_optimizer_state(opt, root_rank=root)
+    return {
+        "state_dict": from_state_dict,
+        "named": dict(other.named_parameters()),
+        "optimizer": opt.state_dict(),
+    }
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_broadcasts_make_ranks_equal(size: int) -> None:
+    results = run_group(_broadcasts, size)
+    root = results[-1]
+    torch.manual_seed(size - 1)
+    fresh = _Net()
+    for key, value in fresh.state_dict().items():
+        torch.testing.assert_close(root["state_dict"][key], value)
+    assert root["state_dict"]["steps"].item() == size - 1
+    for result in results:
+        for key, value in root["state_dict"].items():
+            torch.testing.assert_close(result["state_dict"][key], value)
+        for key, value in root["named"].items():
+            torch.testing.assert_close(result["named"][key], value)
+        opt, root_opt = result["optimizer"], root["optimizer"]
+        assert opt["param_groups"] == root_opt["param_groups"]
+        assert opt["state"].keys() == root_opt["state"].keys()
+        for index, state in root_opt["state"].items():
+            for name, value in state.items():
+                torch.testing.assert_close(opt["state"][index][name], value)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: DistributedOptimizer(torch.optim.SGD([nn.Parameter(torch.ones(1))])),
+        lambda: broadcast_parameters({"a": torch.ones(1)}, 0),
+        lambda: broadcast_optimizer_state(torch.optim.SGD([nn.Parameter(torch.ones(1))]), 0),
+    ],
+)
+def test_optimizer_calls_before_init_raise_not_initialized(call: Any) -> None:
+    with pytest.raises(NotInitializedError):
+        call()
