@@ -174,3 +174,25 @@ def test_console_script_is_installed() -> None:
     assert path is not None, "pip install should put `elasticrun` on PATH"
     answer = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=30)
     assert answer.returncode == 0 and "--start-timeout" in answer.stdout
+
+
+def test_a_job_outlives_its_start_timeout_once_everyone_joined(elasticrun, tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path,
+        "long.py",
+        "import time\n"
+        "import elastic.torch as hvd\n"
+        "hvd.init()\n"
+        "print(f'joined {hvd.rank()}', flush=True)\n"
+        "time.sleep(6)\n"
+        "print(f'done {hvd.rank()}', flush=True)\n",
+    )
+    job = elasticrun(["-np", "2", "--start-timeout", "4", sys.executable, str(script)])
+    assert job.finish(60) == 0, job.output
+    assert "[0]<stdout>:done 0" in job.lines and "[1]<stdout>:done 1" in job.lines
+
+
+def test_workers_that_exit_without_joining_end_the_job_normally(elasticrun) -> None:
+    job = elasticrun(["-np", "2", "--start-timeout", "2", "hostname"])
+    assert job.finish(30) == 0, job.output
+    assert len([line for line in job.lines if line.startswith("[")]) == 2

@@ -63,7 +63,6 @@ class Job:
         self._workers: dict[int, Worker] = {}
         self._stop_signal: int | None = None
         self._stopping = asyncio.Event()
-        self._joined_all = asyncio.Event()
         self._local = local_addresses()
         self._local_hosts = {
             h.hostname for h in settings.hosts if is_local(h.hostname, self._local)
@@ -84,8 +83,6 @@ class Job:
         worker = self._workers.get(slot.rank)
         if worker is not None and worker.state == "launching":
             worker.state = "joined"
-        if all(w.state != "launching" for w in self._workers.values()):
-            self._joined_all.set()
 
     def status(self) -> JobStatus:
         return JobStatus(
@@ -177,26 +174,34 @@ class Job:
             sink = OutputSink(slot.rank, stream, self.settings.output_dir)
             pumps.append(asyncio.create_task(pump(reader, sink)))
 
+    def _not_joined(self) -> list[int]:
+        """Ranks still running that have not joined the rendezvous yet."""
+        return sorted(
+            w.slot.rank
+            for w in self._workers.values()
+            if w.state == "launching" and w.exit_code is None
+        )
+
     async def _watch(self) -> int:
-        """Wait for the job's end; return the exit code (see the class docstring)."""
+        """Wait for the job's end; return the exit code (see the class docstring).
+
+        Until every running worker has joined, the wait is bounded by the start timeout.
+        """
         exits = {asyncio.create_task(w.process.wait()): w for w in self._workers.values()}
         stopping = asyncio.create_task(self._stopping.wait())
-        joined = asyncio.create_task(self._joined_all.wait())
         loop = asyncio.get_running_loop()
         start_deadline = loop.time() + self.settings.start_timeout
         try:
             while exits:
-                timeout = None if joined.done() else max(0.0, start_deadline - loop.time())
+                starting = bool(self._not_joined())
+                timeout = max(0.0, start_deadline - loop.time()) if starting else None
                 done, _ = await asyncio.wait(
                     [*exits, stopping], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
                 if stopping in done:
                     assert self._stop_signal is not None
                     return 128 + self._stop_signal
-                if not done:
-                    missing = sorted(
-                        w.slot.rank for w in self._workers.values() if w.state == "launching"
-                    )
+                if not done and (missing := self._not_joined()):
                     raise LaunchError(
                         f"rank(s) {missing} did not join the rendezvous within "
                         f"{self.settings.start_timeout:g} s (--start-timeout)"
@@ -216,7 +221,7 @@ class Job:
                     worker.state = "exited"
             return 0
         finally:
-            for task in (*exits, stopping, joined):
+            for task in (*exits, stopping):
                 task.cancel()
 
     async def _stop_all(self) -> None:
