@@ -140,7 +140,7 @@ class _GradientReducer:
         flat = bucket.buffer()
         grads = [p.grad for p in bucket.params]
         if all(g is not None and not g.is_sparse for g in grads):
-            torch.cat([g.reshape(-1) for g in grads], out=flat)
+            torch._foreach_copy_(bucket.views, grads)  # one fused copy, no per-tensor ops
         else:
             for view, g in zip(bucket.views, grads, strict=True):
                 if g is None:
@@ -183,14 +183,19 @@ class _GradientReducer:
         else:
             pieces = zip(out.split(bucket.numels), bucket.params, strict=True)
             views = [piece.view_as(p) for piece, p in pieces]
+        grads = [p.grad for p in bucket.params]
+        if all(g is not None and not g.is_sparse for g in grads):
+            if factor != 1.0:
+                out.mul_(factor)  # one pass over the flat buffer, not one per gradient
+            torch._foreach_copy_(grads, views)
+            return
         for p, view in zip(bucket.params, views, strict=True):
-            grad = p.grad
-            if grad is None or grad.is_sparse:
+            if p.grad is None or p.grad.is_sparse:
                 p.grad = view.mul(factor) if factor != 1.0 else view.clone()
             elif factor != 1.0:
-                torch.mul(view, factor, out=grad)  # scale and copy back in one pass
+                torch.mul(view, factor, out=p.grad)
             else:
-                grad.copy_(view)
+                p.grad.copy_(view)
 
     def _reset_round(self) -> None:
         counts = self.counts
