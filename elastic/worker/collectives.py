@@ -205,20 +205,33 @@ def _start_allreduce(
     postscale: float,
     compression: type[Compressor],
 ) -> _Pending:
+    size = ctx.size
     buf, cctx = compression.compress(tensor)
+    averaged_early = False
     if not buf.is_contiguous():
         buf = buf.contiguous()
+        _scale_(buf, prescale)
     elif not inplace and _shares_storage(buf, tensor):
-        buf = buf.clone()
-    _scale_(buf, prescale)
+        if buf.is_floating_point():
+            # The copy a new result needs also applies the scaling (and, for Average, the
+            # division): one pass over the data instead of up to three.
+            averaged_early = op == Average
+            buf = torch.mul(buf, prescale / size if averaged_early else prescale)
+        else:
+            buf = buf.clone()
+            _scale_(buf, prescale)
+    else:
+        _scale_(buf, prescale)
     works = []
     if buf.numel() > 0:
         works.append(dist.all_reduce(buf, op=_torch_op(op), group=ctx.group, async_op=True))
-    size = ctx.size
 
     def finish() -> torch.Tensor:
         out = compression.decompress(buf, cctx)
-        _average_and_postscale_(out, op, postscale, size)
+        if averaged_early:
+            _scale_(out, postscale)
+        else:
+            _average_and_postscale_(out, op, postscale, size)
         if inplace:
             if out is not tensor:
                 tensor.copy_(out)
