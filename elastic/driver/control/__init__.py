@@ -1,0 +1,1 @@
+"""The gRPC control service: worker registration, heartbeats, leave requests, event streams."""

@@ -1,0 +1,53 @@
+"""Events the driver sends down each worker's control stream, and what the service asks of
+the driver when workers call it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class HostsUpdated:
+    """Epoch `next_epoch` is formed; incumbents move to it at their next commit."""
+
+    version: int
+    next_epoch: int
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EpochBroken:
+    """A member of `epoch` died: every collective of that epoch must fail at once."""
+
+    epoch: int
+    reason: str
+
+
+ControlEvent = HostsUpdated | EpochBroken
+
+
+class WorkerListener(Protocol):
+    """What the control service reports to the driver. Called on the driver's event loop.
+
+    Every method that returns False means "no such live worker": the service answers
+    NOT_FOUND and the worker exits.
+    """
+
+    def registered(self, worker_id: str, pid: int) -> bool:
+        """A worker process announced itself."""
+
+    def heartbeat(self, worker_id: str, epoch: int) -> bool:
+        """A worker is alive, in `epoch`."""
+
+    def leave(self, worker_id: str, reason: str) -> bool:
+        """A worker asks to leave at its next commit (SIGTERM, drained host)."""
+
+    def stream_opened(self, worker_id: str) -> asyncio.Queue[ControlEvent] | None:
+        """A worker opened its event stream: return the queue its events will come from."""
+
+    def stream_closed(self, worker_id: str, queue: asyncio.Queue[ControlEvent]) -> None:
+        """The event stream fed by `queue` ended (the worker died, is exiting, or reconnected:
+        a reconnecting worker's new stream may open before its old one is seen closing)."""

@@ -1,0 +1,281 @@
+"""The gRPC control service (grpc.aio), served on the driver's event loop beside the HTTP API.
+
+It only translates: every call is reported to the driver's `WorkerListener`, and the events the
+driver puts on a worker's queue are written down that worker's stream. Whether a worker is
+alive is the listener's decision; this module tells it when a stream ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn
+
+import grpc
+from grpc import aio
+
+from elastic.driver.control.events import ControlEvent, EpochBroken, HostsUpdated, WorkerListener
+from elastic.protocol import control_pb2 as pb
+from elastic.protocol import control_pb2_grpc as pb_grpc
+from elastic.protocol.env import AUTH_SCHEME
+
+log = logging.getLogger(__name__)
+
+MAX_ID_LENGTH = 256
+MAX_REASON_LENGTH = 4096
+
+_SERVER_OPTIONS = [
+    # Fail on a port already taken instead of sharing it with another server.
+    ("grpc.so_reuseport", 0),
+    # Control messages are tiny: refuse anything large before parsing it.
+    ("grpc.max_receive_message_length", 64 * 1024),
+    # Ping idle connections so a worker host that vanished without closing its sockets
+    # (power loss, partition) has its stream cancelled within ~20 s; heartbeats catch it first.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    # Workers ping every 10 s to notice a vanished driver: allow it (gRPC's default allows one
+    # ping per 5 min without data and then closes the connection with "too_many_pings").
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+def event_to_proto(event: ControlEvent) -> pb.Event:
+    """The wire form of a driver event."""
+    if isinstance(event, HostsUpdated):
+        return pb.Event(
+            hosts_updated=pb.HostsUpdated(
+                version=event.version,
+                next_epoch=event.next_epoch,
+                added=list(event.added),
+                removed=list(event.removed),
+            )
+        )
+    if isinstance(event, EpochBroken):
+        return pb.Event(epoch_broken=pb.EpochBroken(epoch=event.epoch, reason=event.reason))
+    raise TypeError(f"not a control event: {event!r}")
+
+
+class _TokenCheck(aio.ServerInterceptor):
+    """Refuses every call (known method or not) that lacks `authorization: Bearer <token>`.
+
+    The comparison takes constant time; the request body of a refused call is never parsed;
+    each refused peer address is logged once.
+    """
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"{AUTH_SCHEME} {token}".encode()
+        self._refused_peers: set[str] = set()
+
+    def _authorized(self, metadata: tuple[Any, ...] | None) -> bool:
+        given = b""
+        for key, value in metadata or ():
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else bytes(value)
+                break
+        return hmac.compare_digest(given, self._expected)
+
+    async def _refuse(self, context: aio.ServicerContext[Any, Any]) -> NoReturn:
+        peer, _, _ = context.peer().rpartition(":")  # "ipv4:127.0.0.1:5555" -> without port
+        if peer not in self._refused_peers:
+            self._refused_peers.add(peer)
+            log.warning("refused an unauthenticated gRPC call from %s", peer or context.peer())
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong job token")
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        if self._authorized(handler_call_details.invocation_metadata):
+            return await continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
+        refuse = self._refuse
+
+        if handler is not None and handler.response_streaming:
+
+            async def refuse_stream(request: bytes, context: Any) -> AsyncIterator[Any]:
+                await refuse(context)
+                yield  # pragma: no cover - makes this an async generator
+
+            if handler.request_streaming:
+                return grpc.stream_stream_rpc_method_handler(refuse_stream)
+            return grpc.unary_stream_rpc_method_handler(refuse_stream)
+
+        async def refuse_unary(request: bytes, context: Any) -> None:
+            await refuse(context)
+
+        if handler is not None and handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(refuse_unary)
+        return grpc.unary_unary_rpc_method_handler(refuse_unary)
+
+
+def _check_id(worker_id: str) -> str | None:
+    if not worker_id:
+        return "worker_id is empty"
+    if len(worker_id) > MAX_ID_LENGTH:
+        return f"worker_id is longer than {MAX_ID_LENGTH} characters"
+    return None
+
+
+class _ControlService(pb_grpc.ControlServicer):
+    def __init__(
+        self, listener: WorkerListener, heartbeat_interval: float, stopping: asyncio.Event
+    ) -> None:
+        self._listener = listener
+        self._heartbeat_interval = heartbeat_interval
+        self._stopping = stopping
+
+    async def _call_listener(
+        self, context: aio.ServicerContext[Any, Any], worker_id: str, report: Callable[[], bool]
+    ) -> None:
+        """Validate `worker_id`, run `report`; abort NOT_FOUND when it answers False and
+        UNAVAILABLE (retryable, like the HTTP API's 503) when it raises."""
+        if problem := _check_id(worker_id):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        try:
+            known = report()
+        except Exception as err:
+            log.exception("driver error serving a control call of worker %s", worker_id)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"driver error: {type(err).__name__}")
+        if not known:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no live worker {worker_id!r}")
+
+    async def Register(  # noqa: N802 - gRPC method name
+        self, request: pb.RegisterRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.RegisterResponse:
+        await self._call_listener(
+            context,
+            request.worker_id,
+            lambda: self._listener.registered(request.worker_id, request.pid),
+        )
+        return pb.RegisterResponse(heartbeat_interval=self._heartbeat_interval)
+
+    async def Heartbeat(  # noqa: N802
+        self, request: pb.HeartbeatRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.HeartbeatResponse:
+        await self._call_listener(
+            context,
+            request.worker_id,
+            lambda: self._listener.heartbeat(request.worker_id, request.epoch),
+        )
+        return pb.HeartbeatResponse()
+
+    async def Leave(  # noqa: N802
+        self, request: pb.LeaveRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.LeaveResponse:
+        if len(request.reason) > MAX_REASON_LENGTH:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "reason is too long")
+        await self._call_listener(
+            context,
+            request.worker_id,
+            lambda: self._listener.leave(request.worker_id, request.reason),
+        )
+        return pb.LeaveResponse()
+
+    async def Events(  # noqa: N802
+        self, request: pb.EventsRequest, context: aio.ServicerContext[Any, Any]
+    ) -> None:
+        """Write the worker's queued events until the client goes away (the RPC is cancelled:
+        the kernel closes a dead process's connection at once) or the server stops (the
+        stream then ends with OK). `stream_closed` is called whatever ends it."""
+        worker_id = request.worker_id
+        queue: asyncio.Queue[ControlEvent] | None = None
+
+        def open_stream() -> bool:
+            nonlocal queue
+            queue = self._listener.stream_opened(worker_id)
+            return queue is not None
+
+        await self._call_listener(context, worker_id, open_stream)
+        assert queue is not None
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        next_event: asyncio.Future[ControlEvent] | None = None
+        try:
+            # Tell the client at once that its stream is open (it resets its backoff on this).
+            await context.send_initial_metadata(())
+            while True:
+                next_event = asyncio.ensure_future(queue.get())
+                await asyncio.wait({next_event, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not next_event.done():
+                    return
+                await context.write(event_to_proto(next_event.result()))
+        finally:
+            stopping.cancel()
+            if next_event is not None:
+                next_event.cancel()
+            try:
+                self._listener.stream_closed(worker_id, queue)
+            except Exception:
+                log.exception("driver error closing the event stream of worker %s", worker_id)
+
+
+class ControlServer:
+    """The control service on `host:port` (port 0: a free one, known after `start`).
+
+    Every call needs `authorization: Bearer <token>` (else UNAUTHENTICATED). A listener
+    answering False becomes NOT_FOUND; a listener raising becomes UNAVAILABLE (the worker
+    retries). Runs on the event loop that calls `start`.
+    """
+
+    def __init__(
+        self,
+        listener: WorkerListener,
+        token: str,
+        host: str,
+        port: int = 0,
+        *,
+        heartbeat_interval: float = 1.0,
+    ) -> None:
+        if not token:
+            raise ValueError("the control service needs a job token")
+        if heartbeat_interval <= 0:
+            raise ValueError(f"heartbeat_interval must be positive, not {heartbeat_interval}")
+        self._listener = listener
+        self._token = token
+        self.host = host
+        self._requested_port = port
+        self.heartbeat_interval = heartbeat_interval
+        self._server: aio.Server | None = None
+        self._port: int | None = None
+        self._stopping: asyncio.Event | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port; raises RuntimeError before `start`."""
+        if self._port is None:
+            raise RuntimeError("the control server is not started")
+        return self._port
+
+    @property
+    def address(self) -> str:
+        """`host:port` as a gRPC target (IPv6 hosts in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    async def start(self) -> None:
+        """Bind and serve. Raises RuntimeError when the address cannot be bound."""
+        self._stopping = asyncio.Event()
+        server = aio.server(interceptors=[_TokenCheck(self._token)], options=_SERVER_OPTIONS)
+        pb_grpc.add_ControlServicer_to_server(
+            _ControlService(self._listener, self.heartbeat_interval, self._stopping), server
+        )
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        port = server.add_insecure_port(f"{host}:{self._requested_port}")
+        if port == 0:  # older grpcio answers 0 instead of raising
+            raise RuntimeError(f"cannot bind the control service to {host}:{self._requested_port}")
+        await server.start()
+        self._server, self._port = server, port
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        """End every event stream (they close with OK; `stream_closed` is called for each),
+        give unary calls in flight `grace` seconds, then cancel them. Idempotent."""
+        if self._stopping is not None:
+            self._stopping.set()
+        if self._server is not None:
+            server, self._server = self._server, None
+            with contextlib.suppress(asyncio.CancelledError):
+                await server.stop(grace)

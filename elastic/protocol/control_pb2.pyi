@@ -1,0 +1,79 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("worker_id", "pid")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    pid: int
+    def __init__(self, worker_id: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("heartbeat_interval",)
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_interval: float
+    def __init__(self, heartbeat_interval: _Optional[float] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("worker_id", "epoch")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    epoch: int
+    def __init__(self, worker_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("worker_id", "reason")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    reason: str
+    def __init__(self, worker_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LeaveResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EventsRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("hosts_updated", "epoch_broken")
+    HOSTS_UPDATED_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_BROKEN_FIELD_NUMBER: _ClassVar[int]
+    hosts_updated: HostsUpdated
+    epoch_broken: EpochBroken
+    def __init__(self, hosts_updated: _Optional[_Union[HostsUpdated, _Mapping]] = ..., epoch_broken: _Optional[_Union[EpochBroken, _Mapping]] = ...) -> None: ...
+
+class HostsUpdated(_message.Message):
+    __slots__ = ("version", "added", "removed", "next_epoch")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    added: _containers.RepeatedScalarFieldContainer[str]
+    removed: _containers.RepeatedScalarFieldContainer[str]
+    next_epoch: int
+    def __init__(self, version: _Optional[int] = ..., added: _Optional[_Iterable[str]] = ..., removed: _Optional[_Iterable[str]] = ..., next_epoch: _Optional[int] = ...) -> None: ...
+
+class EpochBroken(_message.Message):
+    __slots__ = ("epoch", "reason")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    reason: str
+    def __init__(self, epoch: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...

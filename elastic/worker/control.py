@@ -1,0 +1,351 @@
+"""The worker's side of the gRPC control protocol: register, heartbeats, the event stream.
+
+Plain threads, no asyncio: one daemon thread sends heartbeats, one consumes the driver's event
+stream and records what it announces in the process's `MembershipEvents`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+import tenacity
+
+from elastic.protocol import control_pb2 as pb
+from elastic.protocol import control_pb2_grpc as pb_grpc
+from elastic.protocol.env import AUTH_SCHEME
+from elastic.worker.membership import HostsUpdate, MembershipEvents
+
+log = logging.getLogger(__name__)
+
+Answer = TypeVar("Answer")
+
+# The exit status of a worker the driver declared dead (default `on_evicted`).
+EXIT_EVICTED = 1
+
+# Codes after which a call may succeed if tried again: the driver is away, restarting, or
+# failed transiently. Any other code is an answer.
+_RETRYABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+    }
+)
+
+_CHANNEL_OPTIONS = [
+    # Notice a driver host that vanished without closing its sockets within ~20 s.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # Reconnect to a restarted driver within 2 s (gRPC's default backoff grows to 120 s).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+    # Control messages are tiny.
+    ("grpc.max_receive_message_length", 1024 * 1024),
+]
+
+CALL_TIMEOUT = 5.0  # seconds one Register or Leave attempt may take
+STREAM_BACKOFF_MAX = 2.0  # seconds between attempts to reopen the event stream, at most
+
+
+class ControlError(RuntimeError):
+    """The driver refused a control call, or stayed unreachable past the retry budget."""
+
+
+class WorkerEvicted(ControlError):
+    """The driver answered NOT_FOUND: it declared this worker dead (or never knew it)."""
+
+
+def exit_evicted() -> None:
+    """The default `on_evicted`: log, flush the standard streams, `os._exit(EXIT_EVICTED)`.
+
+    A hard exit, because the driver already counts this worker out: its epoch was broken and
+    the survivors re-form without it; a worker that lingered (in a blocked collective, in a
+    `finally`, in atexit handlers joining threads) would be a member nobody waits for."""
+    log.error("the driver declared this worker dead: exiting with status %d", EXIT_EVICTED)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed stream must not stop the exit
+            stream.flush()
+    os._exit(EXIT_EVICTED)
+
+
+def _code(err: BaseException) -> grpc.StatusCode | None:
+    return err.code() if isinstance(err, grpc.RpcError) else None  # type: ignore[attr-defined]
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, grpc.RpcError):
+        return f"{err.code().name}: {err.details()}"  # type: ignore[attr-defined]
+    return repr(err)
+
+
+def _retryable(err: BaseException) -> bool:
+    return _code(err) in _RETRYABLE
+
+
+class _Outage:
+    """Logs the start of a period in which the driver cannot be reached once, and its end."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._since: float | None = None
+
+    def failed(self, err: BaseException) -> None:
+        if self._since is None:
+            self._since = time.monotonic()
+            log.warning(
+                "%s: driver unreachable (%s); retrying until it is back", self._what, _describe(err)
+            )
+
+    def succeeded(self) -> None:
+        if self._since is not None:
+            down_for = time.monotonic() - self._since
+            log.warning("%s: driver reachable again after %.1f s", self._what, down_for)
+            self._since = None
+
+
+class ControlClient:
+    """One worker process's control connection to the driver at `address` ("host:port").
+
+    `start()` registers (retrying for up to `retry_for` seconds), starts the heartbeat and
+    event threads, and returns once the driver has accepted the event stream. While the driver
+    is away (crashed, restarting, partitioned) both threads keep trying forever: heartbeats at
+    the heartbeat interval, the stream with a backoff up to 2 s; the outage is logged once when
+    it starts and once when it ends. When the driver answers NOT_FOUND to a heartbeat or to
+    opening the stream, it has declared this worker dead: the threads stop and `on_evicted()`
+    is called once, from a background thread (default `exit_evicted`: the process exits at
+    once with status 1). `start` and `leave` raise `WorkerEvicted` instead (`on_evicted` is
+    not called for a NOT_FOUND met while `start` runs). A refused token (UNAUTHENTICATED) after
+    `start` is logged and retried like an outage: a restarted driver of the same job accepts
+    it again. Heartbeats carry the epoch last given to `set_epoch` (0 before).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        token: str,
+        worker_id: str,
+        events: MembershipEvents,
+        heartbeat_interval_fallback: float = 1.0,
+        *,
+        on_evicted: Callable[[], None] = exit_evicted,
+        retry_for: float = 60.0,
+    ) -> None:
+        self.address = address
+        self.worker_id = worker_id
+        self._events = events
+        self._metadata = (("authorization", f"{AUTH_SCHEME} {token}"),)
+        self._heartbeat_interval = heartbeat_interval_fallback
+        self._on_evicted = on_evicted
+        self._retry_for = retry_for
+        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._stub = pb_grpc.ControlStub(self._channel)
+        self._epoch = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._evicted = False
+        self._starting = True  # evictions are raised by start(), not given to on_evicted
+        self._stream_ready = threading.Event()  # set once a stream is open, or on eviction
+        self._stream: Any = None  # the open Events call, cancelled by close()
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between heartbeats: the driver's answer to Register, else the fallback."""
+        return self._heartbeat_interval
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch this worker is in; the next heartbeats carry it."""
+        with self._lock:
+            self._epoch = epoch
+
+    def start(self) -> None:
+        """Register, start the heartbeat and event-stream threads, and wait until the driver
+        has accepted the event stream (so no event sent after `start` returns is missed).
+
+        Raises `WorkerEvicted` on NOT_FOUND, `ControlError` on any other refusal or when the
+        driver stays unreachable for `retry_for` seconds, at registration or while the stream
+        opens; the client is closed then."""
+        try:
+            answer = self._call(
+                self._stub.Register, pb.RegisterRequest(worker_id=self.worker_id, pid=os.getpid())
+            )
+        except ControlError:
+            self.close()
+            raise
+        if answer.heartbeat_interval > 0:
+            self._heartbeat_interval = answer.heartbeat_interval
+        for name, target in (("heartbeats", self._send_heartbeats), ("events", self._read_events)):
+            thread = threading.Thread(target=target, name=f"elastic-control-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        atexit.register(self.close)
+        ready = self._stream_ready.wait(self._retry_for)
+        with self._lock:
+            self._starting = False
+            evicted = self._evicted
+        if evicted or not ready:
+            self.close()
+            if evicted:
+                raise WorkerEvicted(f"the driver declared worker {self.worker_id} dead")
+            raise ControlError(
+                f"driver at {self.address} did not open the event stream of worker "
+                f"{self.worker_id} within {self._retry_for:g} s"
+            )
+
+    def leave(self, reason: str) -> None:
+        """Ask the driver to let this worker leave at its next commit (no rollback, no
+        cooldown). Retries for up to `retry_for` seconds; raises `WorkerEvicted` on NOT_FOUND
+        and `ControlError` on any other refusal or when the driver stays unreachable."""
+        self._call(self._stub.Leave, pb.LeaveRequest(worker_id=self.worker_id, reason=reason))
+
+    def close(self) -> None:
+        """Stop both threads and close the channel: returns within about a second whatever
+        state the driver is in. Idempotent; also runs at interpreter exit."""
+        self._stop.set()
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            stream.cancel()
+        self._channel.close()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=1.0)
+        atexit.unregister(self.close)
+
+    def _call(self, method: Callable[..., Answer], request: Any) -> Answer:
+        """One unary call with tenacity retries of transient failures for `retry_for` s."""
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(_retryable),
+            stop=tenacity.stop_after_delay(self._retry_for),
+            wait=tenacity.wait_exponential(multiplier=0.05, max=2.0),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    return method(request, timeout=CALL_TIMEOUT, metadata=self._metadata)
+        except grpc.RpcError as err:
+            code, details = _code(err), err.details()  # type: ignore[attr-defined]
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise WorkerEvicted(f"the driver declared worker {self.worker_id} dead") from err
+            if code in _RETRYABLE:
+                raise ControlError(
+                    f"driver at {self.address} unreachable for {self._retry_for:g} s: {details}"
+                ) from err
+            raise ControlError(f"driver at {self.address} refused: {code}: {details}") from err
+        except ValueError as err:  # grpc's "Cannot invoke RPC on closed channel!"
+            raise ControlError(f"the control client of {self.worker_id} is closed") from err
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _evicted_by_driver(self) -> None:
+        """Called from a background thread on NOT_FOUND: stop everything, then `on_evicted`
+        once (unless `start` is still running: it raises instead)."""
+        with self._lock:
+            if self._evicted or self._stop.is_set():
+                return
+            self._evicted = True
+            starting = self._starting
+            stream = self._stream
+        log.error("the driver declared worker %s dead", self.worker_id)
+        self._stop.set()
+        if stream is not None:
+            stream.cancel()
+        self._stream_ready.set()
+        if not starting:
+            self._on_evicted()
+
+    def _send_heartbeats(self) -> None:
+        """Every heartbeat interval until `close()`; failures only log (once per outage)."""
+        outage = _Outage(f"heartbeats of worker {self.worker_id}")
+        next_beat = time.monotonic()
+        while not self._stop.is_set():
+            with self._lock:
+                epoch = self._epoch
+            try:
+                self._stub.Heartbeat(
+                    pb.HeartbeatRequest(worker_id=self.worker_id, epoch=epoch),
+                    timeout=max(1.0, self._heartbeat_interval),
+                    metadata=self._metadata,
+                )
+                outage.succeeded()
+            except grpc.RpcError as err:
+                if self._stop.is_set():
+                    return
+                if _code(err) == grpc.StatusCode.NOT_FOUND:
+                    self._evicted_by_driver()
+                    return
+                outage.failed(err)
+            except ValueError:  # the channel was closed under us: we are stopping
+                return
+            next_beat = max(next_beat + self._heartbeat_interval, time.monotonic())
+            self._stop.wait(next_beat - time.monotonic())
+
+    def _read_events(self) -> None:
+        """Consume the event stream; reopen it with a backoff whenever it ends, until
+        `close()` or NOT_FOUND."""
+        outage = _Outage(f"event stream of worker {self.worker_id}")
+        backoff = 0.05
+        while not self._stop.is_set():
+            try:
+                call = self._stub.Events(
+                    pb.EventsRequest(worker_id=self.worker_id), metadata=self._metadata
+                )
+            except ValueError:  # the channel was closed under us
+                return
+            with self._lock:
+                self._stream = call
+            if self._stop.is_set():  # close() ran before the call was visible to it
+                call.cancel()
+                return
+            try:
+                call.initial_metadata()  # blocks until the driver accepts or refuses the stream
+                if not call.done():
+                    outage.succeeded()
+                    backoff = 0.05
+                    self._stream_ready.set()
+                for event in call:
+                    self._deliver(event)
+                # Ended with OK: the driver is stopping; a new one may come.
+                log.info("the driver closed the event stream of worker %s", self.worker_id)
+            except grpc.RpcError as err:
+                if self._stop.is_set():
+                    return
+                if _code(err) == grpc.StatusCode.NOT_FOUND:
+                    self._evicted_by_driver()
+                    return
+                outage.failed(err)
+            finally:
+                with self._lock:
+                    self._stream = None
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, STREAM_BACKOFF_MAX)
+
+    def _deliver(self, event: pb.Event) -> None:
+        kind = event.WhichOneof("kind")
+        if kind == "hosts_updated":
+            update = event.hosts_updated
+            self._events.hosts_updated(
+                HostsUpdate(
+                    update.next_epoch, added=bool(update.added), removed=bool(update.removed)
+                )
+            )
+        elif kind == "epoch_broken":
+            self._events.break_epoch(event.epoch_broken.epoch, event.epoch_broken.reason)
+        else:  # an event kind newer than this worker
+            log.debug("ignoring an unknown control event %s", kind)

@@ -1,0 +1,70 @@
+"""What the driver has announced to this worker: newer epochs, broken epochs, a leave request.
+
+The control-stream listener thread writes it; collectives (waiting in slices) and
+`State.commit()` / `check_host_updates()` read it. Thread-safe. One instance lives for the
+whole worker process, carried from one epoch's context to the next.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HostsUpdate:
+    """Epoch `next_epoch` is formed; `added` says whether it brings new workers (they need the
+    state synced to them), `removed` whether some left."""
+
+    next_epoch: int
+    added: bool
+    removed: bool
+
+
+class MembershipEvents:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._update: HostsUpdate | None = None
+        self._broken_up_to = 0
+        self._broken_reason = ""
+        self._leaving = False
+
+    def hosts_updated(self, update: HostsUpdate) -> None:
+        """Record that epoch `update.next_epoch` exists (keeps the newest announcement)."""
+        with self._lock:
+            if self._update is None or update.next_epoch >= self._update.next_epoch:
+                previous = self._update
+                self._update = HostsUpdate(
+                    update.next_epoch,
+                    update.added or bool(previous and previous.added),
+                    update.removed or bool(previous and previous.removed),
+                )
+
+    def pending_update(self, epoch: int) -> HostsUpdate | None:
+        """The announced update that moves a worker now in `epoch` to a newer one, if any."""
+        with self._lock:
+            update = self._update
+        return update if update is not None and update.next_epoch > epoch else None
+
+    def break_epoch(self, epoch: int, reason: str) -> None:
+        """Record that a member of `epoch` died: collectives of `epoch` and of every older
+        epoch must fail at once (a worker may still be in an older epoch than the driver)."""
+        with self._lock:
+            if epoch > self._broken_up_to:
+                self._broken_up_to = epoch
+                self._broken_reason = reason
+
+    def broken(self, epoch: int) -> str | None:
+        """Why `epoch` is broken, or None if it is not."""
+        with self._lock:
+            return self._broken_reason if 0 < epoch <= self._broken_up_to else None
+
+    def request_leave(self) -> None:
+        """This worker should leave the job at its next commit (SIGTERM, a drained host)."""
+        with self._lock:
+            self._leaving = True
+
+    @property
+    def leaving(self) -> bool:
+        with self._lock:
+            return self._leaving

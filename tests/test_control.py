@@ -1,0 +1,367 @@
+"""The gRPC control service on a real loopback server, with real clients in this process and in
+subprocesses; the driver's listener is a recording fake (the driver's own is tested elsewhere)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from elastic.driver.control.events import ControlEvent, EpochBroken, HostsUpdated
+from elastic.driver.control.server import ControlServer
+from elastic.protocol import control_pb2 as pb
+from elastic.protocol import control_pb2_grpc as pb_grpc
+from elastic.worker.control import ControlClient, WorkerEvicted
+from elastic.worker.membership import HostsUpdate, MembershipEvents
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "s3cret-control-token"
+INTERVAL = 0.1
+
+
+class RecordingListener:
+    """Records every call with its time; answers False for the worker ids in `unknown`."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.queues: dict[str, asyncio.Queue[ControlEvent]] = {}
+        self.unknown: set[str] = set()
+        self.refused_streams: set[str] = set()
+        self.fail_heartbeats = False
+        self._changed = threading.Condition()
+
+    def _record(self, *call: Any) -> None:
+        with self._changed:
+            self.calls.append((*call, time.monotonic()))
+            self._changed.notify_all()
+
+    def registered(self, worker_id: str, pid: int) -> bool:
+        self._record("registered", worker_id, pid)
+        return worker_id not in self.unknown
+
+    def heartbeat(self, worker_id: str, epoch: int) -> bool:
+        if self.fail_heartbeats:
+            raise RuntimeError("listener bug")
+        self._record("heartbeat", worker_id, epoch)
+        return worker_id not in self.unknown
+
+    def leave(self, worker_id: str, reason: str) -> bool:
+        self._record("leave", worker_id, reason)
+        return worker_id not in self.unknown
+
+    def stream_opened(self, worker_id: str) -> asyncio.Queue[ControlEvent] | None:
+        self._record("stream_opened", worker_id)
+        if worker_id in self.unknown or worker_id in self.refused_streams:
+            return None
+        self.queues[worker_id] = asyncio.Queue()
+        return self.queues[worker_id]
+
+    def stream_closed(self, worker_id: str, queue: asyncio.Queue[ControlEvent]) -> None:
+        self._record("stream_closed", worker_id)
+
+    def of(self, kind: str, worker_id: str) -> list[tuple[Any, ...]]:
+        with self._changed:
+            return [c for c in self.calls if c[0] == kind and c[1] == worker_id]
+
+    def wait_for(
+        self, kind: str, worker_id: str, count: int = 1, timeout: float = 10.0
+    ) -> list[tuple[Any, ...]]:
+        """The first `count` calls of `kind` by `worker_id`, waiting for them to arrive."""
+        with self._changed:
+            ok = self._changed.wait_for(
+                lambda: len(self.of(kind, worker_id)) >= count, timeout=timeout
+            )
+        assert ok, f"no {count} {kind} calls of {worker_id} within {timeout} s: {self.calls}"
+        return self.of(kind, worker_id)[:count]
+
+
+class Driver:
+    """A ControlServer on a free loopback port, served by an event loop in its own thread."""
+
+    def __init__(self) -> None:
+        self.listener = RecordingListener()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.server = self.start()
+
+    def run(self, coroutine: Any, timeout: float = 10.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def start(self, port: int = 0) -> ControlServer:
+        server = ControlServer(self.listener, TOKEN, "127.0.0.1", port, heartbeat_interval=INTERVAL)
+        self.run(server.start())
+        self.server = server
+        return server
+
+    def send(self, worker_id: str, event: ControlEvent) -> None:
+        self.loop.call_soon_threadsafe(self.listener.queues[worker_id].put_nowait, event)
+
+    def close(self) -> None:
+        self.run(self.server.stop(0))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def driver() -> Iterator[Driver]:
+    running = Driver()
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def clients() -> Iterator[list[ControlClient]]:
+    """ControlClients to close after the test."""
+    started: list[ControlClient] = []
+    yield started
+    for client in started:
+        client.close()
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.005)
+    return value
+
+
+def start_client(
+    driver: Driver, clients: list[ControlClient], worker_id: str, **kwargs: Any
+) -> tuple[ControlClient, MembershipEvents]:
+    events = MembershipEvents()
+    client = ControlClient(driver.server.address, TOKEN, worker_id, events, **kwargs)
+    clients.append(client)
+    client.start()
+    return client, events
+
+
+CLIENT_PROCESS = """
+import sys, time
+from elastic.worker.control import ControlClient
+from elastic.worker.membership import MembershipEvents
+client = ControlClient(sys.argv[1], sys.argv[2], sys.argv[3], MembershipEvents())
+client.start()
+print("registered", flush=True)
+sys.stdin.readline()  # the test says when to exit (returning normally, not closing the client)
+"""
+
+
+def client_process(driver: Driver, worker_id: str) -> subprocess.Popen[str]:
+    """A worker process with a started ControlClient; it prints "registered" once `start`
+    returned, and returns from its script (without closing the client) on a line on stdin."""
+    return subprocess.Popen(
+        [sys.executable, "-c", CLIENT_PROCESS, driver.server.address, TOKEN, worker_id],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def test_register_and_heartbeats_reach_the_listener_at_the_interval(
+    driver: Driver, clients: list[ControlClient]
+) -> None:
+    client, _ = start_client(driver, clients, "w1", heartbeat_interval_fallback=5.0)
+    assert client.heartbeat_interval == INTERVAL  # the driver's answer wins over the fallback
+    (registered,) = driver.listener.wait_for("registered", "w1")
+    assert registered[2] == os.getpid()
+
+    beats = driver.listener.wait_for("heartbeat", "w1", count=6)
+    gaps = [b[-1] - a[-1] for a, b in zip(beats, beats[1:], strict=False)]
+    mean = sum(gaps) / len(gaps)
+    print(f"heartbeat interval {INTERVAL} s, measured mean gap {mean:.3f} s")
+    assert INTERVAL * 0.5 < mean < INTERVAL * 3
+
+    client.set_epoch(7)
+    wait_until(lambda: any(b[2] == 7 for b in driver.listener.of("heartbeat", "w1")))
+    client.leave("drained")
+    assert driver.listener.of("leave", "w1")[0][2] == "drained"
+
+
+def test_events_arrive_in_membership_events(driver: Driver, clients: list[ControlClient]) -> None:
+    _, events = start_client(driver, clients, "w1")
+    driver.listener.wait_for("stream_opened", "w1")
+    driver.send("w1", HostsUpdated(version=3, next_epoch=4, added=("h2",)))
+    assert wait_until(lambda: events.pending_update(3)) == HostsUpdate(4, True, False)
+    driver.send("w1", EpochBroken(epoch=4, reason="h2 died"))
+    assert wait_until(lambda: events.broken(4)) == "h2 died"
+    driver.send("w1", HostsUpdated(version=4, next_epoch=5, removed=("h2",)))
+    assert wait_until(lambda: events.pending_update(4)) == HostsUpdate(5, True, True)
+
+
+def test_a_killed_client_process_closes_its_stream_promptly(driver: Driver) -> None:
+    process = client_process(driver, "doomed")
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "registered"
+        driver.listener.wait_for("stream_opened", "doomed")
+        assert not driver.listener.of("stream_closed", "doomed")
+        killed = time.monotonic()
+        os.kill(process.pid, signal.SIGKILL)
+        (closed,) = driver.listener.wait_for("stream_closed", "doomed", timeout=10)
+        print(f"stream_closed {closed[-1] - killed:.3f} s after SIGKILL")
+        assert closed[-1] - killed < 5
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_client_process_exits_without_closing_its_client(driver: Driver) -> None:
+    """The daemon threads and the channel do not hold up interpreter exit."""
+    process = client_process(driver, "quitter")
+    try:
+        stdout, _ = process.communicate("exit\n", timeout=20)
+        assert stdout.strip() == "registered"
+        assert process.returncode == 0
+        driver.listener.wait_for("stream_closed", "quitter")
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_default_eviction_exits_the_process(driver: Driver) -> None:
+    process = client_process(driver, "zombie")
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "registered"
+        driver.listener.unknown.add("zombie")
+        assert process.wait(timeout=10) == 1
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [None, [("authorization", "Bearer wrong")], [("authorization", TOKEN)], [("x", TOKEN)]],
+)
+def test_calls_without_the_token_are_refused(
+    driver: Driver, metadata: list[tuple[str, str]] | None
+) -> None:
+    with grpc.insecure_channel(driver.server.address) as channel:
+        stub = pb_grpc.ControlStub(channel)
+        calls: list[tuple[Any, Any]] = [
+            (stub.Register, pb.RegisterRequest(worker_id="w", pid=1)),
+            (stub.Heartbeat, pb.HeartbeatRequest(worker_id="w", epoch=1)),
+            (stub.Leave, pb.LeaveRequest(worker_id="w", reason="r")),
+            (lambda r, **kw: list(stub.Events(r, **kw)), pb.EventsRequest(worker_id="w")),
+            (channel.unary_unary("/elastic.control.v1.Control/Nothing"), b""),
+        ]
+        for call, request in calls:
+            with pytest.raises(grpc.RpcError) as refused:
+                call(request, metadata=metadata, timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert TOKEN not in (refused.value.details() or "")
+    assert driver.listener.calls == []
+    # The server still serves the right token afterwards.
+    with grpc.insecure_channel(driver.server.address) as channel:
+        answer = pb_grpc.ControlStub(channel).Register(
+            pb.RegisterRequest(worker_id="w", pid=1),
+            metadata=[("authorization", f"Bearer {TOKEN}")],
+            timeout=5,
+        )
+    assert answer.heartbeat_interval == INTERVAL
+
+
+def test_bad_requests_and_listener_errors_are_answers_not_crashes(driver: Driver) -> None:
+    auth = [("authorization", f"Bearer {TOKEN}")]
+    with grpc.insecure_channel(driver.server.address) as channel:
+        stub = pb_grpc.ControlStub(channel)
+        for request in (
+            pb.HeartbeatRequest(worker_id=""),
+            pb.HeartbeatRequest(worker_id="w" * 999),
+        ):
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Heartbeat(request, metadata=auth, timeout=5)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        driver.listener.fail_heartbeats = True
+        with pytest.raises(grpc.RpcError) as failed:
+            stub.Heartbeat(pb.HeartbeatRequest(worker_id="w"), metadata=auth, timeout=5)
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "RuntimeError" in (failed.value.details() or "")
+
+
+def test_not_found_evicts_the_worker(driver: Driver, clients: list[ControlClient]) -> None:
+    # Refused at registration: start() raises.
+    driver.listener.unknown.add("never")
+    with pytest.raises(WorkerEvicted):
+        start_client(driver, clients, "never")
+
+    # Declared dead later: the heartbeat's NOT_FOUND calls on_evicted once.
+    evicted = threading.Event()
+    start_client(driver, clients, "w1", on_evicted=evicted.set)
+    driver.listener.wait_for("heartbeat", "w1")
+    driver.listener.unknown.add("w1")
+    assert evicted.wait(10)
+
+    # Refused the event stream while starting: start() raises.
+    driver.listener.refused_streams.add("w2")
+    with pytest.raises(WorkerEvicted):
+        start_client(driver, clients, "w2")
+
+    # Refused the event stream later (by a restarted driver): on_evicted.
+    evicted_too = threading.Event()
+    start_client(driver, clients, "w3", on_evicted=evicted_too.set)
+    driver.listener.refused_streams.add("w3")
+    port = driver.server.port
+    driver.run(driver.server.stop(0))
+    driver.start(port)
+    assert evicted_too.wait(10)
+
+
+def test_the_client_survives_a_driver_restart(
+    driver: Driver, clients: list[ControlClient], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="elastic.worker.control")
+    client, events = start_client(driver, clients, "w1")
+    driver.listener.wait_for("stream_opened", "w1")
+    port = driver.server.port
+    driver.run(driver.server.stop(0))
+    # Stopping ends the stream: the listener hears of it.
+    driver.listener.wait_for("stream_closed", "w1")
+    beats = len(driver.listener.of("heartbeat", "w1"))
+    time.sleep(0.5)  # the driver is away for a while: the client keeps trying, quietly
+
+    driver.start(port)
+    driver.listener.wait_for("stream_opened", "w1", count=2)
+    driver.listener.wait_for("heartbeat", "w1", count=beats + 2)
+    driver.send("w1", EpochBroken(epoch=1, reason="after restart"))
+    assert wait_until(lambda: events.broken(1)) == "after restart"
+    # One warning per thread when the outage began, one when it ended: no log line per retry.
+    warnings = [r.getMessage() for r in caplog.records]
+    assert sum("unreachable" in w for w in warnings) == 2, warnings
+    wait_until(lambda: sum("reachable again" in r.getMessage() for r in caplog.records) == 2)
+
+    # close() is prompt even with the driver gone.
+    driver.run(driver.server.stop(0))
+    started = time.monotonic()
+    client.close()
+    assert time.monotonic() - started < 2
+
+
+def test_generated_code_is_current(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, str(ROOT / "protos" / "generate.py"), "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
+    for name in ("control_pb2.py", "control_pb2.pyi", "control_pb2_grpc.py"):
+        committed = (ROOT / "elastic" / "protocol" / name).read_text()
+        assert (tmp_path / name).read_text() == committed, (
+            f"elastic/protocol/{name} is stale: run `python protos/generate.py`"
+        )
