@@ -1,0 +1,22 @@
+"""Discovery over a fixed host list: `-H host:slots,...` or `--hostfile`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from elastic.driver.discovery.base import HostDiscovery
+from elastic.driver.hosts import HostSpec
+
+
+class FixedHosts(HostDiscovery):
+    """Always the same hosts (already parsed and checked by `elastic.driver.hosts`).
+
+    Never raises: a fixed list cannot fail.
+    """
+
+    def __init__(self, hosts: Iterable[HostSpec]) -> None:
+        self._hosts = tuple(hosts)
+
+    async def find(self) -> list[HostSpec]:
+        """The hosts given at construction, in their order (a fresh list each call)."""
+        return list(self._hosts)
