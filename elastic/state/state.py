@@ -1,0 +1,175 @@
+"""What an elastic job commits, rolls back to after a failure, and hands to new members.
+
+A `State` lives in host memory of every worker. The run loop (`hvd.elastic.run`) drives it:
+
+* the training code calls `commit()` every few steps: a snapshot, then a collective check
+  for membership changes that makes every rank raise `HostsUpdatedInterrupt` at the same step;
+* on `WorkerLostError` the run loop calls `restore()` (back to the last snapshot), re-joins,
+  calls `on_reset()` and then `sync()`, which copies the newest commit held by any rank to all;
+* on `HostsUpdatedInterrupt` it re-joins and calls `on_reset()`, and `sync()` unless the
+  interrupt's `skip_sync` says no worker joined.
+
+Every state carries a commit counter: how many commits its snapshot has seen. A worker that
+joins with a fresh state has counter 0, so it never becomes the source of a sync while some
+rank holds a commit.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from elastic.worker import collectives, context
+from elastic.worker.errors import HostsUpdatedInterrupt
+
+__all__ = ["ObjectState", "State"]
+
+
+class State:
+    """Base class: subclasses implement `save()`, `restore()` and `sync_from(root_rank)`.
+
+    `save`, `restore` and `on_reset` are local. `commit`, `check_host_updates` and `sync`
+    are collectives: every rank of the current epoch must call them in the same order, and
+    they raise `NotInitializedError` without an active worker context.
+    """
+
+    def __init__(self) -> None:
+        self._commit_count = 0
+        self._reset_callbacks: list[Callable[[], None]] = []
+
+    @property
+    def commit_count(self) -> int:
+        """How many commits the current snapshot represents (0: never committed)."""
+        return self._commit_count
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Add functions that `on_reset()` calls, in order, after every re-formed epoch (e.g. to
+        rescale the learning rate to the new `hvd.size()`)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        """Called by the run loop once a new epoch is formed, before `sync()`: runs the reset
+        callbacks. An exception from a callback propagates to the run loop."""
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """Snapshot the state to host memory, count the commit, then `check_host_updates()`.
+
+        Commits copy data (from the GPU, for tensors there): commit every few steps, trading
+        the cost of a commit against the steps lost when a worker fails. If a peer dies
+        during the check, the `RuntimeError` of the collective propagates (the run loop turns
+        it into `WorkerLostError`); the snapshot has already been taken and counted.
+        Raises `HostsUpdatedInterrupt` on every rank alike when membership changes.
+        """
+        self.save()
+        self._commit_count += 1
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise `HostsUpdatedInterrupt` on every rank if any rank has been told of a newer
+        epoch or has been asked to leave.
+
+        One small allreduce (MAX of [update pending, workers added, leaving]) makes all ranks
+        agree, so they raise at the same call even when the driver's notice reached only some
+        of them. `skip_sync` is true when no worker is added. Raises the collective's
+        `RuntimeError` if a peer dies.
+        """
+        ctx = context.current("State.check_host_updates")
+        update = ctx.events.pending_update(ctx.epoch)
+        flags = torch.tensor(
+            [update is not None, update is not None and update.added, ctx.events.leaving],
+            dtype=torch.int64,
+        )
+        pending, added, leaving = (
+            bool(v) for v in collectives.allreduce(flags, op=collectives.Max).tolist()
+        )
+        if pending or leaving:
+            self._before_hosts_update()
+            raise HostsUpdatedInterrupt(skip_sync=not added)
+
+    def _before_hosts_update(self) -> None:
+        """Hook run on every rank, while the old epoch's group still works, once all agreed to
+        raise `HostsUpdatedInterrupt`; may use collectives (their `RuntimeError` propagates)."""
+
+    def newest_commit_rank(self) -> tuple[int, int]:
+        """Return `(rank, commit_count)`: the lowest rank among those whose snapshot has the
+        highest commit counter. A collective (one allreduce); raises its `RuntimeError` if a
+        peer dies."""
+        ctx = context.current("State.sync")
+        counts = torch.zeros(ctx.size, dtype=torch.int64)
+        counts[ctx.rank] = self._commit_count
+        counts = collectives.allreduce(counts, op=collectives.Sum)
+        newest = int(counts.max())
+        return int((counts == newest).nonzero()[0]), newest
+
+    def sync(self) -> None:
+        """Make every rank's state equal to that of the rank holding the newest commit, and
+        make that the snapshot on every rank (with the same commit counter).
+
+        The source is chosen collectively (`newest_commit_rank()`), so a freshly joined
+        worker (counter 0) is never the source while some rank has committed. If a peer dies
+        meanwhile, the collective's `RuntimeError` propagates (the run loop turns it into
+        `WorkerLostError`) and this rank's state may be partly overwritten; its snapshot is
+        untouched, so `restore()` recovers it.
+        """
+        root, newest = self.newest_commit_rank()
+        self.sync_from(root)
+        self._commit_count = newest
+        self.save()
+
+    def save(self) -> None:
+        """Snapshot the state to host memory (local; no collective)."""
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        """Roll back to the last snapshot, undoing every change since (local)."""
+        raise NotImplementedError
+
+    def sync_from(self, root_rank: int) -> None:
+        """Overwrite this rank's live state with `root_rank`'s (a collective; every rank calls
+        it with the same root). Raises the collective's `RuntimeError` if a peer dies."""
+        raise NotImplementedError
+
+
+class ObjectState(State):
+    """State made of plain Python objects, given as keyword arguments and exposed as attributes.
+
+    Snapshots are deep copies in host memory, so in-place changes to a list or dict after a
+    commit are undone by `restore()`. `sync` pickles the values (`broadcast_object`).
+    Only the names given here are tracked; each must be picklable and deep-copyable.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self._check_names(kwargs)
+        self._names = list(kwargs)
+        self._saved: dict[str, Any] = {}
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+        ObjectState.save(self)
+
+    @classmethod
+    def _check_names(cls, names: Iterable[str]) -> None:
+        for name in names:
+            if name.startswith("_") or hasattr(cls, name):
+                raise ValueError(f"{cls.__name__}: {name!r} would hide an attribute of the state")
+
+    def _values(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._names}
+
+    def save(self) -> None:
+        self._saved = copy.deepcopy(self._values())
+
+    def restore(self) -> None:
+        for name, value in copy.deepcopy(self._saved).items():
+            setattr(self, name, value)
+
+    def sync_from(self, root_rank: int) -> None:
+        if not self._names:
+            return
+        for name, value in collectives.broadcast_object(self._values(), root_rank).items():
+            setattr(self, name, value)
