@@ -40,7 +40,7 @@ def make_services() -> Services:
 
 async def with_client(check) -> None:
     services = make_services()
-    services.rendezvous.form(1, [SLOT])
+    services.rendezvous.form([("w1", "h")])
     transport = httpx.ASGITransport(app=create_app(services))
     async with httpx.AsyncClient(transport=transport, base_url="http://driver") as client:
         await check(client)
@@ -59,7 +59,7 @@ def test_requests_without_the_token_are_refused(headers: dict[str, str]) -> None
         for method, path, body in [
             ("GET", "/v1/status", None),
             ("POST", "/v1/kv/set", {"epoch": 1, "key": "k", "value": b64(b"v")}),
-            ("POST", "/v1/rendezvous/join", {"hostname": "h", "local_rank": 0}),
+            ("POST", "/v1/rendezvous/join", {"worker_id": "w1"}),
         ]:
             answer = await client.request(method, path, json=body, headers=headers)
             assert answer.status_code == 401, path
@@ -80,7 +80,8 @@ def test_requests_without_the_token_are_refused(headers: dict[str, str]) -> None
         ("/v1/kv/get", b'{"epoch": 1, "key": "k", "timeout": 1e9}', 422),
         ("/v1/kv/wait", b'{"epoch": 1, "keys": "k"}', 422),
         ("/v1/kv/add", b'{"epoch": 1, "key": "k", "amount": "many"}', 422),
-        ("/v1/rendezvous/join", b'{"hostname": "", "local_rank": 0}', 422),
+        ("/v1/rendezvous/join", b'{"worker_id": ""}', 422),
+        ("/v1/rendezvous/join", b'{"worker_id": "w", "after_epoch": -1}', 422),
         ("/v1/rendezvous/join", b"[]", 422),
         ("/v1/nowhere", b"{}", 404),
     ],
@@ -149,20 +150,55 @@ def test_get_times_out_with_404() -> None:
     run(check)
 
 
-def test_join_returns_the_slot_and_epoch_or_not_formed() -> None:
+def test_join_returns_the_slot_and_epoch_or_pending() -> None:
     async def check(client: httpx.AsyncClient) -> None:
-        answer = await client.post(
-            "/v1/rendezvous/join", json={"hostname": "h", "local_rank": 0}, headers=AUTH
-        )
-        assert answer.json() == {"formed": True, "epoch": 1, "slot": SLOT.model_dump()}
+        answer = await client.post("/v1/rendezvous/join", json={"worker_id": "w1"}, headers=AUTH)
+        assert answer.json() == {"status": "formed", "epoch": 1, "slot": SLOT.model_dump()}
         answer = await client.post(
             "/v1/rendezvous/join",
-            json={"hostname": "other", "local_rank": 0, "timeout": 0.05},
+            json={"worker_id": "w1", "after_epoch": 1, "timeout": 0.05},
             headers=AUTH,
         )
-        assert answer.json()["formed"] is False
+        assert answer.json()["status"] == "pending"
+        answer = await client.post(
+            "/v1/rendezvous/join", json={"worker_id": "stranger", "timeout": 0.05}, headers=AUTH
+        )
+        assert answer.json()["status"] == "pending"
 
     run(check)
+
+
+def test_a_newer_epoch_supersedes_waits_and_excluded_workers_are_told_to_leave() -> None:
+    services = make_services()
+    services.rendezvous.form([("w1", "h"), ("w2", "h")])
+
+    async def check() -> None:
+        transport = httpx.ASGITransport(app=create_app(services))
+        async with httpx.AsyncClient(transport=transport, base_url="http://d") as client:
+            waiting = asyncio.create_task(
+                client.post(
+                    "/v1/kv/get", json={"epoch": 1, "key": "k", "timeout": 30}, headers=AUTH
+                )
+            )
+            rejoin = asyncio.create_task(
+                client.post(
+                    "/v1/rendezvous/join", json={"worker_id": "w1", "after_epoch": 1}, headers=AUTH
+                )
+            )
+            await asyncio.sleep(0.05)
+            assert not waiting.done() and not rejoin.done()
+            services.rendezvous.exclude("w2")
+            services.rendezvous.form([("w1", "h")])
+            assert (await asyncio.wait_for(waiting, 5)).status_code == 410
+            joined = (await asyncio.wait_for(rejoin, 5)).json()
+            assert joined["status"] == "formed" and joined["epoch"] == 2
+            assert joined["slot"]["size"] == 1
+            answer = await client.post(
+                "/v1/rendezvous/join", json={"worker_id": "w2", "after_epoch": 1}, headers=AUTH
+            )
+            assert answer.json()["status"] == "not_member"
+
+    asyncio.run(check())
 
 
 def test_status_never_contains_the_token() -> None:

@@ -7,12 +7,40 @@ from elastic.driver.hosts import HostSpec
 from elastic.protocol.http import SlotInfo
 
 
-def assign_slots(hosts: list[HostSpec], np: int) -> list[SlotInfo]:
-    """Give `np` workers their slots, filling hosts in the order given.
+def plan_slots(hostnames: list[str]) -> list[SlotInfo]:
+    """Coordinates for workers given the host of each, in rank order.
 
-    Ranks are contiguous per host. `cross_rank` is the host's index among the hosts that have a
-    slot with the same `local_rank`, and `cross_size` the number of such hosts (Horovod's
-    definition, so uneven hosts get smaller cross groups for their higher local ranks).
+    `local_rank` counts the workers before this one on the same host. `cross_rank` is the
+    host's index among the hosts that have a worker with the same `local_rank` (hosts ordered
+    by their first rank), and `cross_size` the number of such hosts: Horovod's definition, so
+    uneven hosts get smaller cross groups for their higher local ranks.
+    """
+    local_sizes: dict[str, int] = {}
+    local_ranks = []
+    for hostname in hostnames:
+        local_ranks.append(local_sizes.get(hostname, 0))
+        local_sizes[hostname] = local_ranks[-1] + 1
+    host_order = list(local_sizes)
+    slots = []
+    for rank, (hostname, local_rank) in enumerate(zip(hostnames, local_ranks, strict=True)):
+        peers = [h for h in host_order if local_sizes[h] > local_rank]
+        slots.append(
+            SlotInfo(
+                hostname=hostname,
+                rank=rank,
+                local_rank=local_rank,
+                cross_rank=peers.index(hostname),
+                size=len(hostnames),
+                local_size=local_sizes[hostname],
+                cross_size=len(peers),
+            )
+        )
+    return slots
+
+
+def fill_hosts(hosts: list[HostSpec], np: int) -> list[str]:
+    """The host of each of `np` ranks, filling hosts in the order given, contiguously.
+
     Raises `UsageError` when the hosts have fewer than `np` slots.
     """
     if np < 1:
@@ -23,27 +51,10 @@ def assign_slots(hosts: list[HostSpec], np: int) -> list[SlotInfo]:
             f"-np {np} is larger than the {total} slot(s) available on "
             + ", ".join(f"{h.hostname}:{h.slots}" for h in hosts)
         )
-    placed: list[tuple[str, int]] = []  # (hostname, local_rank) in rank order
-    local_sizes: dict[str, int] = {}
-    for host in hosts:
-        take = min(host.slots, np - len(placed))
-        if take == 0:
-            break
-        placed.extend((host.hostname, local_rank) for local_rank in range(take))
-        local_sizes[host.hostname] = take
-    host_order = list(local_sizes)
-    slots = []
-    for rank, (hostname, local_rank) in enumerate(placed):
-        peers = [h for h in host_order if local_sizes[h] > local_rank]
-        slots.append(
-            SlotInfo(
-                hostname=hostname,
-                rank=rank,
-                local_rank=local_rank,
-                cross_rank=peers.index(hostname),
-                size=np,
-                local_size=local_sizes[hostname],
-                cross_size=len(peers),
-            )
-        )
-    return slots
+    placed = [h.hostname for h in hosts for _ in range(h.slots)]
+    return placed[:np]
+
+
+def assign_slots(hosts: list[HostSpec], np: int) -> list[SlotInfo]:
+    """Give `np` workers their slots, filling hosts in the order given (see `plan_slots`)."""
+    return plan_slots(fill_hosts(hosts, np))

@@ -10,11 +10,13 @@ import signal
 import sys
 from typing import NoReturn
 
+from elastic.driver.cooldown import validate_cooldown_range
+from elastic.driver.discovery import DiscoveryError, ScriptDiscovery
 from elastic.driver.errors import LaunchError, UsageError
 from elastic.driver.hosts import HostSpec, parse_host_list, read_hostfile
 from elastic.driver.job import Job
 from elastic.driver.launch.ssh import SshOptions
-from elastic.driver.settings import Settings
+from elastic.driver.settings import ElasticSettings, Settings
 
 log = logging.getLogger("elasticrun")
 
@@ -23,6 +25,7 @@ examples:
   elasticrun -np 2 python train.py
   elasticrun -np 4 -H host1:2,host2:2 python train.py
   elasticrun -np 8 --hostfile hosts.txt --output-filename logs/ python train.py
+  elasticrun -np 2 --min-np 1 --max-np 8 --host-discovery-script ./hosts.sh python train.py
 """
 
 
@@ -97,6 +100,73 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="time between SIGTERM and SIGKILL when workers are stopped (default 5)",
     )
+    parser.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="workers send a heartbeat this often; one that misses 3 is declared dead and "
+        "killed (default 1)",
+    )
+    elastic = parser.add_argument_group(
+        "elastic mode", "on when --host-discovery-script or --min-np is given"
+    )
+    elastic.add_argument(
+        "--host-discovery-script",
+        metavar="SCRIPT",
+        help="executable printing the available hosts, one 'host' or 'host:slots' a line",
+    )
+    elastic.add_argument(
+        "--min-np",
+        type=int,
+        metavar="N",
+        help="fewest workers the job trains with (default: -np, or 1)",
+    )
+    elastic.add_argument(
+        "--max-np", type=int, metavar="N", help="most workers (default: every usable slot)"
+    )
+    elastic.add_argument(
+        "--slots-per-host",
+        type=int,
+        metavar="N",
+        help="slots of a discovered host printed without a count (default 1)",
+    )
+    elastic.add_argument(
+        "--elastic-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long the job may have fewer than --min-np workers before it fails (default 600)",
+    )
+    elastic.add_argument(
+        "--reset-limit",
+        type=int,
+        metavar="N",
+        help="fail the job after N re-rendezvous (default: no limit)",
+    )
+    elastic.add_argument(
+        "--blacklist-cooldown-range",
+        type=float,
+        nargs=2,
+        default=(5.0, 300.0),
+        metavar=("MIN", "MAX"),
+        help="a host whose worker failed gets no new worker for MIN seconds, doubling with "
+        "each failure up to MAX, with jitter (default 5 300; 0 0 turns cooldown off)",
+    )
+    elastic.add_argument(
+        "--discovery-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="run the discovery script this often (default 1)",
+    )
+    elastic.add_argument(
+        "--discovery-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="kill a discovery script that runs longer (default 10)",
+    )
     parser.add_argument("--verbose", action="store_true", help="log the driver's decisions")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return parser  # fmt: skip
@@ -114,15 +184,21 @@ def parse_settings(argv: list[str]) -> Settings:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise UsageError("no command given: elasticrun -np N [options] COMMAND [ARGS...]")
-    if args.np < 1:
+    elastic = _elastic_settings(args)
+    if args.np is None and elastic is None:
+        raise UsageError("-np is required (or give --min-np / --host-discovery-script)")
+    if args.np is not None and args.np < 1:
         raise UsageError(f"-np must be at least 1, got {args.np}")
+    if elastic is not None and elastic.discovery_script and (args.hosts or args.hostfile):
+        raise UsageError("--host-discovery-script cannot be combined with -H or --hostfile")
     hosts: list[HostSpec]
     if args.hosts is not None:
         hosts = parse_host_list(args.hosts)
     elif args.hostfile is not None:
         hosts = read_hostfile(args.hostfile)
     else:
-        hosts = [HostSpec("localhost", args.np)]
+        default = args.np or (elastic.max_np if elastic and elastic.max_np else None) or 1
+        hosts = [HostSpec("localhost", max(default, elastic.min_np if elastic else 1))]
     if args.ssh_identity_file and not os.path.isfile(args.ssh_identity_file):
         raise UsageError(f"--ssh-identity-file: no such file {args.ssh_identity_file}")
     if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
@@ -143,6 +219,45 @@ def parse_settings(argv: list[str]) -> Settings:
         verbose=args.verbose,
         stop_grace=_positive(args.stop_grace, "--stop-grace"),
         collective_timeout=_positive(args.collective_timeout, "--collective-timeout"),
+        heartbeat_interval=_positive(args.heartbeat_interval, "--heartbeat-interval"),
+        elastic=elastic,
+    )
+
+
+def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
+    if args.host_discovery_script is None and args.min_np is None:
+        for flag in ("max_np", "slots_per_host", "reset_limit"):
+            if getattr(args, flag) is not None:
+                name = "--" + flag.replace("_", "-")
+                raise UsageError(f"{name} needs elastic mode (--min-np or --host-discovery-script)")
+        return None
+    min_np = args.min_np if args.min_np is not None else (args.np or 1)
+    if min_np < 1:
+        raise UsageError(f"--min-np must be at least 1, got {min_np}")
+    if args.max_np is not None and args.max_np < min_np:
+        raise UsageError(f"--max-np {args.max_np} is less than --min-np {min_np}")
+    if args.np is not None and not min_np <= args.np <= (args.max_np or args.np):
+        raise UsageError(f"-np {args.np} must lie between --min-np and --max-np")
+    if args.slots_per_host is not None and args.slots_per_host < 1:
+        raise UsageError(f"--slots-per-host must be at least 1, got {args.slots_per_host}")
+    if args.reset_limit is not None and args.reset_limit < 0:
+        raise UsageError(f"--reset-limit must be 0 or more, got {args.reset_limit}")
+    script = args.host_discovery_script
+    if script is not None:
+        try:
+            ScriptDiscovery(script, 1.0).check()
+        except DiscoveryError as err:
+            raise UsageError(f"--host-discovery-script: {err}") from None
+    return ElasticSettings(
+        min_np=min_np,
+        max_np=args.max_np,
+        discovery_script=script,
+        slots_per_host=args.slots_per_host,
+        discovery_interval=_positive(args.discovery_interval, "--discovery-interval"),
+        discovery_timeout=_positive(args.discovery_timeout, "--discovery-timeout"),
+        elastic_timeout=_positive(args.elastic_timeout, "--elastic-timeout"),
+        reset_limit=args.reset_limit,
+        cooldown_range=validate_cooldown_range(*args.blacklist_cooldown_range),
     )
 
 

@@ -1,4 +1,8 @@
-"""One job's lifecycle: serve the rendezvous, launch every slot, watch workers, end the job."""
+"""One job's lifecycle: serve the rendezvous, launch workers, watch them, re-form, end the job.
+
+A static job (no discovery, no `--min-np`) is the degenerate elastic job: its hosts are fixed
+and the first failure ends it. An elastic job re-forms after every failure, join and leave.
+"""
 
 from __future__ import annotations
 
@@ -6,232 +10,694 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import secrets
 import signal
+import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from elastic.driver.assignment import assign_slots
-from elastic.driver.errors import LaunchError
-from elastic.driver.launch.base import Launcher, WorkerProcess, WorkerSpec
+from elastic.driver.control.events import ControlEvent, EpochBroken, HostsUpdated
+from elastic.driver.control.server import ControlServer
+from elastic.driver.cooldown import Cooldown
+from elastic.driver.discovery import (
+    DiscoveryError,
+    FixedHosts,
+    HostChange,
+    HostDiscovery,
+    HostTracker,
+    ScriptDiscovery,
+)
+from elastic.driver.errors import LaunchError, UsageError
+from elastic.driver.hosts import HostSpec
+from elastic.driver.launch.base import Launcher, WorkerSpec
 from elastic.driver.launch.local import LocalLauncher
 from elastic.driver.launch.ssh import SshLauncher
 from elastic.driver.network import interface_address, is_local, local_addresses, route_source
 from elastic.driver.output import OutputSink, pump
+from elastic.driver.planning import free_slots, next_members
 from elastic.driver.rendezvous import Rendezvous
 from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.services import Services
 from elastic.driver.settings import Settings
 from elastic.driver.state.memory import MemoryKeyValueStore
+from elastic.driver.workers import Worker, WorkerState
 from elastic.protocol import env as worker_env
-from elastic.protocol.http import HostStatus, JobStatus, SlotInfo, WorkerStatus
+from elastic.protocol.http import HostStatus, JobStatus, WorkerStatus
 
 log = logging.getLogger("elasticrun")
 
-
-@dataclass
-class Worker:
-    slot: SlotInfo
-    process: WorkerProcess
-    state: str = "launching"
-    exit_code: int | None = None
+MISSED_HEARTBEATS = 3
+PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
 
 
 def describe_exit(worker: Worker) -> str:
-    code = worker.exit_code
     if worker.process.signal is not None:
         name = signal.Signals(worker.process.signal).name
-        return f"was killed by signal {name} (exit code {code})"
-    return f"exited with code {code}"
+        return f"was killed by signal {name} (exit code {worker.exit_code})"
+    return f"exited with code {worker.exit_code}"
 
 
 class Job:
     """Owns the driver's servers and workers from launch to the job's end.
 
-    `run()` returns the launcher's exit code: 0 when every worker exits 0; the first failing
-    worker's code otherwise (the others are stopped: SIGTERM, then SIGKILL after the grace
-    period); 128+N when the launcher itself received signal N. It raises `LaunchError` when
-    the job cannot start. No worker outlives `run()`.
+    `run()` returns the launcher's exit code: 0 when every worker of the current epoch exits
+    0; in a static job the first failing worker's code (the others are stopped: SIGTERM, then
+    SIGKILL after the grace period); in an elastic job 1 when a limit ends it (elastic
+    timeout, reset limit) or the last failure's code when every worker failed; 128+N when the
+    launcher itself received signal N. It raises `LaunchError` when the job cannot start. No
+    worker outlives `run()`.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
+        self.elastic = settings.elastic
         self.job_id = uuid.uuid4().hex[:12]
         self._token = secrets.token_urlsafe(32)
+        self._clock = clock
         self._kv = MemoryKeyValueStore()
-        self._rendezvous = Rendezvous(on_join=self._on_join)
-        self._workers: dict[int, Worker] = {}
-        self._stop_signal: int | None = None
-        self._stopping = asyncio.Event()
-        self._local = local_addresses()
-        self._local_hosts = {
-            h.hostname for h in settings.hosts if is_local(h.hostname, self._local)
-        }
+        self._rendezvous = Rendezvous(on_wait=self._on_wait, on_join=self._on_join)
+        self._workers: dict[str, Worker] = {}
+        self._queues: dict[str, asyncio.Queue[ControlEvent]] = {}
+        self._local_addresses = local_addresses()
+        self._locality: dict[str, bool] = {}
+        self._reachable: set[str] = set()
         self._local_launcher = LocalLauncher()
         self._ssh_launcher = SshLauncher(settings.ssh, settings.stop_grace)
-
-    # --- inputs from the outside -----------------------------------------------------------
-
-    def request_stop(self, signum: int) -> None:
-        """Called on SIGINT/SIGTERM: stop every worker and end the job with 128+signum."""
-        if self._stop_signal is None:
-            log.info("received %s: stopping all workers", signal.Signals(signum).name)
-            self._stop_signal = signum
-        self._stopping.set()
-
-    def _on_join(self, slot: SlotInfo, epoch: int) -> None:
-        worker = self._workers.get(slot.rank)
-        if worker is not None and worker.state == "launching":
-            worker.state = "joined"
-
-    def status(self) -> JobStatus:
-        return JobStatus(
-            job_id=self.job_id,
-            epoch=self._rendezvous.epoch,
-            size=self.settings.np,
-            hosts=[HostStatus(hostname=h.hostname, slots=h.slots) for h in self.settings.hosts],
-            workers=[
-                WorkerStatus(
-                    rank=w.slot.rank,
-                    hostname=w.slot.hostname,
-                    local_rank=w.slot.local_rank,
-                    state=w.state,
-                    pid=w.process.pid if w.slot.hostname in self._local_hosts else None,
-                    exit_code=w.exit_code,
-                )
-                for w in sorted(self._workers.values(), key=lambda w: w.slot.rank)
-            ],
+        self._serial = 0
+        self._resets = 0
+        self._finishing = False
+        self._short_since: float | None = None
+        self._last_progress = 0.0
+        self._update_version = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pumps: list[asyncio.Task[None]] = []
+        self._result: asyncio.Future[int] | None = None
+        self._driver_url = ""
+        self._control_address = ""
+        low, high = self.elastic.cooldown_range if self.elastic else (0.0, 0.0)
+        self._tracker = HostTracker(Cooldown(low, high, random.Random()))
+        self._discovery: HostDiscovery = (
+            ScriptDiscovery(
+                self.elastic.discovery_script,
+                self.elastic.discovery_timeout,
+                self.elastic.slots_per_host,
+            )
+            if self.elastic and self.elastic.discovery_script
+            else FixedHosts(settings.hosts)
         )
 
     # --- the lifecycle ---------------------------------------------------------------------
 
-    def _bind_address(self) -> str:
+    async def run(self) -> int:
+        self._result = asyncio.get_running_loop().create_future()
+        hosts = await self._first_hosts()
+        address = self._bind_address(hosts)
+        http = HttpServer(
+            create_app(Services(self._token, self._kv, self._rendezvous, self.status)), address
+        )
+        control = ControlServer(
+            self, self._token, address, heartbeat_interval=self.settings.heartbeat_interval
+        )
+        await http.start()
+        await control.start()
+        self._driver_url, self._control_address = http.url, control.address
+        log.debug("job %s: HTTP API on %s, control on %s", self.job_id, http.url, control.address)
+        try:
+            await self._launch_first_epoch()
+            self._spawn(self._watch_liveness())
+            if self.elastic is not None:
+                self._spawn(self._follow_discovery())
+            return await self._result
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await self._stop_all()
+            await asyncio.gather(*self._pumps, return_exceptions=True)
+            await control.stop(grace=0.5)
+            await http.stop()
+
+    def _spawn(self, coroutine) -> None:  # type: ignore[no-untyped-def]
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            error = task.exception()
+            if isinstance(error, UsageError | LaunchError):
+                self._finish(1, str(error))
+            else:
+                log.error("driver error: %r", error, exc_info=error)
+                self._finish(1, f"driver error: {error!r}")
+
+    def _finish(self, code: int, message: str | None = None) -> None:
+        """End the job with `code` (the first call wins), logging `message`."""
+        if self._result is not None and not self._result.done():
+            if message:
+                (log.error if code else log.info)("%s", message)
+            self._result.set_result(code)
+
+    def request_stop(self, signum: int) -> None:
+        """Called on SIGINT/SIGTERM: stop every worker and end the job with 128+signum."""
+        self._finish(128 + signum, f"received {signal.Signals(signum).name}: stopping all workers")
+
+    async def _first_hosts(self) -> list[HostSpec]:
+        """The hosts to start on. Elastic: wait (up to the start timeout) for discovery to
+        offer at least --min-np slots, printing progress."""
+        if self.elastic is None:
+            return list(self.settings.hosts)
+        start = self._clock()
+        needed = self.elastic.min_np
+        while True:
+            await self._discover_once()
+            usable = [h for h in self._tracker.hosts if self._usable(h.hostname)]
+            slots = sum(h.slots for h in usable)
+            if slots >= needed:
+                return usable
+            waited = self._clock() - start
+            if waited >= self.settings.start_timeout:
+                problem = f" (discovery: {self._tracker.error})" if self._tracker.error else ""
+                raise LaunchError(
+                    f"discovery found {slots} slot(s), fewer than --min-np {needed}, within "
+                    f"{self.settings.start_timeout:g} s (--start-timeout){problem}"
+                )
+            self._progress(f"waiting for {needed} slot(s) from discovery, {slots} so far")
+            await asyncio.sleep(self.elastic.discovery_interval)
+
+    async def _launch_first_epoch(self) -> None:
+        """Launch the first workers and form epoch 1 with them at once."""
+        hosts = [h for h in self._tracker.hosts] if self.elastic else self.settings.hosts
+        if self.elastic is None:
+            wanted = self.settings.np or 0
+        else:
+            cap = self.elastic.max_np
+            wanted = self.settings.np if self.settings.np is not None else cap
+            wanted = wanted if wanted is not None else sum(h.slots for h in hosts)
+            wanted = min(wanted, cap) if cap is not None else wanted
+        places = free_slots(hosts, {}, wanted)
+        if self.elastic is None and len(places) < wanted:
+            raise UsageError(f"-np {wanted} is larger than the {len(places)} slot(s) available")
+        await self._check_reachable({hostname for hostname, _ in places}, fatal=True)
+        workers = [self._new_worker(hostname, slot) for hostname, slot in places]
+        self._rendezvous.form([(w.worker_id, w.hostname) for w in workers])
+        for worker in workers:
+            worker.state = WorkerState.MEMBER
+        for worker in workers:
+            await self._start(worker)
+        log.info("epoch 1: %d worker(s) on %s", len(workers), _host_summary(workers))
+
+    # --- launching -------------------------------------------------------------------------
+
+    def _is_local(self, hostname: str) -> bool:
+        if hostname not in self._locality:
+            self._locality[hostname] = is_local(hostname, self._local_addresses)
+        return self._locality[hostname]
+
+    def _usable(self, hostname: str) -> bool:
+        """False (and logged) for a discovered host name that does not resolve."""
+        try:
+            self._is_local(hostname)
+        except UsageError as err:
+            if hostname not in self._locality:
+                self._locality[hostname] = False
+                log.error("ignoring discovered host: %s", err)
+            return False
+        return True
+
+    def _bind_address(self, hosts: list[HostSpec]) -> str:
         if self.settings.network_interface:
             return interface_address(self.settings.network_interface)
-        remote = [h.hostname for h in self.settings.hosts if h.hostname not in self._local_hosts]
+        remote = [h.hostname for h in hosts if not self._is_local(h.hostname)]
         return route_source(remote[0]) if remote else "127.0.0.1"
 
     def _launcher(self, hostname: str) -> Launcher:
-        return self._local_launcher if hostname in self._local_hosts else self._ssh_launcher
+        return self._local_launcher if self._is_local(hostname) else self._ssh_launcher
 
-    def _worker_env(self, slot: SlotInfo, driver_url: str) -> dict[str, str]:
-        values = {
-            worker_env.HOSTNAME: slot.hostname,
-            worker_env.RANK: slot.rank,
-            worker_env.SIZE: slot.size,
-            worker_env.LOCAL_RANK: slot.local_rank,
-            worker_env.LOCAL_SIZE: slot.local_size,
-            worker_env.CROSS_RANK: slot.cross_rank,
-            worker_env.CROSS_SIZE: slot.cross_size,
-            worker_env.DRIVER_URL: driver_url,
+    async def _check_reachable(self, hostnames: set[str], fatal: bool) -> set[str]:
+        """Check ssh to the remote hosts not checked yet; return the unreachable ones.
+
+        With `fatal`, the first unreachable host raises `LaunchError`.
+        """
+        remote = sorted(h for h in hostnames if not self._is_local(h) and h not in self._reachable)
+        timeout = self.settings.start_timeout
+        checks = [self._ssh_launcher.check_reachable(h, timeout) for h in remote]
+        failed = set()
+        for hostname, result in zip(
+            remote, await asyncio.gather(*checks, return_exceptions=True), strict=True
+        ):
+            if isinstance(result, BaseException):
+                if fatal or not isinstance(result, LaunchError):
+                    raise result
+                log.error("%s", result)
+                failed.add(hostname)
+            else:
+                self._reachable.add(hostname)
+        return failed
+
+    def _new_worker(self, hostname: str, host_slot: int) -> Worker:
+        self._serial += 1
+        worker_id = f"{hostname}[{host_slot}]#{self._serial}"
+        worker = Worker(worker_id, hostname, host_slot, process=None)  # type: ignore[arg-type]
+        worker.launched_at = self._clock()
+        self._workers[worker_id] = worker
+        return worker
+
+    def _worker_env(self, worker: Worker) -> dict[str, str]:
+        values: dict[str, object] = {
+            worker_env.HOSTNAME: worker.hostname,
+            worker_env.WORKER_ID: worker.worker_id,
+            worker_env.DRIVER_URL: self._driver_url,
+            worker_env.CONTROL_ADDRESS: self._control_address,
             worker_env.JOB_ID: self.job_id,
             worker_env.START_TIMEOUT: self.settings.start_timeout,
             worker_env.COLLECTIVE_TIMEOUT: self.settings.collective_timeout,
+            worker_env.ELASTIC: int(self.elastic is not None),
             worker_env.TOKEN: self._token,
             "PYTHONUNBUFFERED": "1",
+            "GRPC_VERBOSITY": os.environ.get("GRPC_VERBOSITY", "ERROR"),
         }
+        slot = self._rendezvous.slot_of(worker.worker_id)
+        if slot is not None:  # the epoch it starts in is already formed
+            values.update(
+                {
+                    worker_env.RANK: slot.rank,
+                    worker_env.SIZE: slot.size,
+                    worker_env.LOCAL_RANK: slot.local_rank,
+                    worker_env.LOCAL_SIZE: slot.local_size,
+                    worker_env.CROSS_RANK: slot.cross_rank,
+                    worker_env.CROSS_SIZE: slot.cross_size,
+                }
+            )
         return {**os.environ, **{k: str(v) for k, v in values.items()}}
 
-    async def run(self) -> int:
-        slots = assign_slots(self.settings.hosts, self.settings.np)
-        server = HttpServer(
-            create_app(Services(self._token, self._kv, self._rendezvous, self.status)),
-            self._bind_address(),
-        )
-        await server.start()
-        log.debug("job %s: HTTP API on %s", self.job_id, server.url)
-        pumps: list[asyncio.Task[None]] = []
-        try:
-            await self._check_hosts({s.hostname for s in slots})
-            self._rendezvous.form(1, slots)
-            for slot in slots:
-                await self._launch(slot, server.url, pumps)
-            return await self._watch()
-        finally:
-            await self._stop_all()
-            await asyncio.gather(*pumps, return_exceptions=True)
-            await server.stop()
+    def _label(self, worker: Worker) -> Callable[[], str]:
+        def label() -> str:
+            slot = self._rendezvous.slot_of(worker.worker_id)
+            return str(slot.rank) if slot is not None else worker.worker_id
 
-    async def _check_hosts(self, hostnames: set[str]) -> None:
-        remote = sorted(hostnames - self._local_hosts)
-        checks = [
-            self._ssh_launcher.check_reachable(h, self.settings.start_timeout) for h in remote
-        ]
-        for result in await asyncio.gather(*checks, return_exceptions=True):
-            if isinstance(result, BaseException):
-                raise result
+        return label
 
-    async def _launch(self, slot: SlotInfo, url: str, pumps: list[asyncio.Task[None]]) -> None:
+    async def _start(self, worker: Worker) -> None:
+        """Start `worker`'s process; a failure to start fails the worker (static: the job)."""
+        slot = self._rendezvous.slot_of(worker.worker_id)
+        folder = f"rank.{slot.rank}" if slot is not None else f"worker.{self._serial}"
         spec = WorkerSpec(
-            slot=slot,
+            hostname=worker.hostname,
             command=self.settings.command,
-            env=self._worker_env(slot, url),
+            env=self._worker_env(worker),
             cwd=os.getcwd(),
         )
-        process = await self._launcher(slot.hostname).launch(spec)
-        self._workers[slot.rank] = Worker(slot, process)
-        for stream, reader in (("stdout", process.stdout), ("stderr", process.stderr)):
-            sink = OutputSink(slot.rank, stream, self.settings.output_dir)
-            pumps.append(asyncio.create_task(pump(reader, sink)))
+        try:
+            worker.process = await self._launcher(worker.hostname).launch(spec)
+        except LaunchError as err:
+            if self.elastic is None:
+                raise
+            worker.state = WorkerState.FAILED
+            self._host_failed(worker.hostname, str(err))
+            return
+        for stream, reader in (
+            ("stdout", worker.process.stdout),
+            ("stderr", worker.process.stderr),
+        ):
+            sink = OutputSink(self._label(worker), stream, self.settings.output_dir, folder)
+            self._pumps.append(asyncio.create_task(pump(reader, sink)))
+        self._spawn(self._await_exit(worker))
 
-    def _not_joined(self) -> list[int]:
-        """Ranks still running that have not joined the rendezvous yet."""
-        return sorted(
-            w.slot.rank
+    async def _await_exit(self, worker: Worker) -> None:
+        code = await worker.process.wait()
+        worker.exit_code = code
+        if worker.state is WorkerState.STOPPED or not worker.state.alive:
+            return
+        if code == 0:
+            self._worker_exited(worker)
+        elif worker.state is WorkerState.LEAVING:
+            worker.state = WorkerState.EXITED
+            log.warning("worker %s left with exit code %d", worker.worker_id, code)
+        else:
+            self._worker_failed(worker, describe_exit(worker))
+
+    # --- decisions -------------------------------------------------------------------------
+
+    def _members(self) -> list[Worker]:
+        return [self._workers[w] for w in self._rendezvous.members]
+
+    def _where(self, worker: Worker) -> str:
+        slot = self._rendezvous.slot_of(worker.worker_id)
+        rank = f"rank {slot.rank}" if slot is not None else f"worker {worker.worker_id}"
+        return f"{rank} on host {worker.hostname}"
+
+    def _worker_exited(self, worker: Worker) -> None:
+        """A worker ended with 0. A member doing so means training is over: the others of
+        its epoch are told to leave at their next join, and the job ends once they exit."""
+        was_member = worker.worker_id in self._rendezvous.members
+        worker.state = WorkerState.EXITED
+        if was_member and not self._finishing:
+            self._finishing = True
+            self._rendezvous.close()
+            for other in self._workers.values():
+                if other.state is WorkerState.LAUNCHING:
+                    self._stop(other)
+        self._check_done()
+
+    def _check_done(self) -> None:
+        members = self._members()
+        if not any(w.state.alive for w in members):
+            failed = [w for w in members if w.state is WorkerState.FAILED]
+            if not failed:
+                self._finish(0)
+            elif self.elastic is not None:
+                last = failed[-1]
+                self._finish(last.exit_code or 1, "every worker of the job failed")
+
+    def _worker_failed(self, worker: Worker, reason: str) -> None:
+        """`worker` died. Static: end the job with its code. Elastic: cool its host down,
+        break its epoch, re-form from the survivors."""
+        was_member = worker.worker_id in self._rendezvous.members
+        worker.state = WorkerState.FAILED
+        where = self._where(worker)
+        if self.elastic is None:
+            self._finish(worker.exit_code or 1, f"{where} {reason}; stopping the other workers")
+            return
+        log.error("%s %s", where, reason)
+        self._host_failed(worker.hostname, reason)
+        if self._finishing:
+            self._check_done()
+            return
+        if was_member:
+            epoch = self._rendezvous.epoch
+            self._broadcast(EpochBroken(epoch, f"{where} {reason}"), self._alive())
+            self._reform(f"{where} {reason}")
+        if not self._alive():
+            self._finish(worker.exit_code or 1, "every worker of the job failed")
+
+    def _host_failed(self, hostname: str, reason: str) -> None:
+        update = self._tracker.host_failed(hostname, self._clock())
+        until = self._tracker.cooldown.until(hostname)
+        if until is not None and until > self._clock():
+            log.warning("host %s in cooldown for %.0f s", hostname, until - self._clock())
+        if update.change is not None:
+            self._hosts_changed(update.change)
+
+    def _alive(self) -> list[Worker]:
+        return [w for w in self._workers.values() if w.state.alive and w.process is not None]
+
+    def _reform(self, why: str) -> None:
+        """Form the next epoch from the surviving members and the joiners waiting at the
+        rendezvous, if that makes at least --min-np; otherwise wait (elastic timeout)."""
+        assert self.elastic is not None
+        if self._finishing:
+            return
+        previous = self._rendezvous.members
+        survivors = [w for w in previous if self._workers[w].state is WorkerState.MEMBER]
+        waiting = self._rendezvous.waiting
+        joiners = [
+            w.worker_id
             for w in self._workers.values()
-            if w.state == "launching" and w.exit_code is None
+            if w.state is WorkerState.LAUNCHING and w.worker_id in waiting
+        ]
+        members = next_members(survivors, joiners, self.elastic.max_np)
+        if len(members) < self.elastic.min_np:
+            if self._short_since is None:
+                self._short_since = self._clock()
+                log.warning(
+                    "%s: %d worker(s) left, fewer than --min-np %d; waiting up to %g s "
+                    "(--elastic-timeout) for more",
+                    why,
+                    len(members),
+                    self.elastic.min_np,
+                    self.elastic.elastic_timeout,
+                )
+            self._scale()
+            return
+        self._short_since = None
+        self._resets += 1
+        limit = self.elastic.reset_limit
+        if limit is not None and self._resets > limit:
+            self._finish(1, f"reset limit reached: {limit} re-rendezvous (--reset-limit); {why}")
+            return
+        epoch = self._rendezvous.form([(w, self._workers[w].hostname) for w in members])
+        for worker_id in members:
+            self._workers[worker_id].state = WorkerState.MEMBER
+        added = [w for w in members if w not in previous]
+        removed = [w for w in previous if w not in members]
+        self._update_version += 1
+        update = HostsUpdated(
+            self._update_version,
+            epoch,
+            tuple(self._workers[w].hostname for w in added),
+            tuple(self._workers[w].hostname for w in removed),
+        )
+        told = [self._workers[w] for w in previous if self._workers[w].state.alive]
+        self._broadcast(update, told)
+        log.info(
+            "epoch %d: %d worker(s) on %s (%s)",
+            epoch,
+            len(members),
+            _host_summary([self._workers[w] for w in members]),
+            why,
         )
 
-    async def _watch(self) -> int:
-        """Wait for the job's end; return the exit code (see the class docstring).
+    def _scale(self) -> None:
+        """Launch workers on free slots of usable hosts, up to --max-np workers."""
+        if self.elastic is None or self._finishing:
+            return
+        alive = self._alive()
+        occupied: dict[str, set[int]] = {}
+        for worker in alive:
+            occupied.setdefault(worker.hostname, set()).add(worker.host_slot)
+        cap = self.elastic.max_np
+        wanted = (cap - len(alive)) if cap is not None else 1 << 30
+        hosts = [h for h in self._tracker.hosts if self._usable(h.hostname)]
+        places = free_slots(hosts, occupied, wanted)
+        if places:
+            self._spawn(self._grow(places))
 
-        Until every running worker has joined, the wait is bounded by the start timeout.
-        """
-        exits = {asyncio.create_task(w.process.wait()): w for w in self._workers.values()}
-        stopping = asyncio.create_task(self._stopping.wait())
-        loop = asyncio.get_running_loop()
-        start_deadline = loop.time() + self.settings.start_timeout
-        try:
-            while exits:
-                starting = bool(self._not_joined())
-                timeout = max(0.0, start_deadline - loop.time()) if starting else None
-                done, _ = await asyncio.wait(
-                    [*exits, stopping], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-                )
-                if stopping in done:
-                    assert self._stop_signal is not None
-                    return 128 + self._stop_signal
-                if not done and (missing := self._not_joined()):
-                    raise LaunchError(
-                        f"rank(s) {missing} did not join the rendezvous within "
-                        f"{self.settings.start_timeout:g} s (--start-timeout)"
+    async def _grow(self, places: list[tuple[str, int]]) -> None:
+        unreachable = await self._check_reachable({h for h, _ in places}, fatal=False)
+        for hostname in unreachable:
+            self._host_failed(hostname, "unreachable through ssh")
+        started = []
+        for hostname, slot in places:
+            taken = any(
+                w.hostname == hostname and w.host_slot == slot and w.state.alive
+                for w in self._workers.values()
+            )
+            if hostname in unreachable or taken or self._finishing:
+                continue
+            worker = self._new_worker(hostname, slot)
+            await self._start(worker)
+            started.append(worker)
+        if started:
+            log.info("launched %d worker(s) on %s", len(started), _host_summary(started))
+
+    def _request_leave(self, worker: Worker, why: str) -> None:
+        """`worker` leaves at its next commit: no rollback, no cooldown."""
+        if worker.state is WorkerState.LAUNCHING:
+            self._stop(worker)
+            return
+        if worker.state is not WorkerState.MEMBER:
+            return
+        worker.state = WorkerState.LEAVING
+        self._rendezvous.exclude(worker.worker_id)
+        log.info("%s leaves the job: %s", self._where(worker), why)
+        if self.elastic is not None:
+            self._reform(f"{self._where(worker)} leaves: {why}")
+
+    def _hosts_changed(self, change: HostChange) -> None:
+        """Discovery or a cooldown changed the usable hosts."""
+        discovered = {h.hostname for h in self._tracker.discovered_hosts}
+        for hostname in change.removed:
+            if hostname in discovered:
+                continue  # in cooldown: its live workers stay, no new ones start there
+            for worker in list(self._workers.values()):
+                if worker.hostname == hostname and worker.state.alive:
+                    self._request_leave(worker, f"host {hostname} was removed by discovery")
+        if change.added:
+            log.info("hosts available: %s", ", ".join(change.added))
+        self._scale()
+
+    def _stop(self, worker: Worker) -> None:
+        worker.state = WorkerState.STOPPED
+        if worker.process is not None:
+            worker.process.terminate()
+
+    def _broadcast(self, event: ControlEvent, workers: list[Worker]) -> None:
+        for worker in workers:
+            queue = self._queues.get(worker.worker_id)
+            if queue is not None:
+                queue.put_nowait(event)
+
+    # --- inputs from the rendezvous and the control service ------------------------------
+
+    def _on_wait(self, worker_id: str, after_epoch: int) -> None:
+        """A worker waits for an epoch newer than `after_epoch`."""
+        worker = self._workers.get(worker_id)
+        if worker is None or self.elastic is None or self._finishing:
+            return
+        if worker.state is WorkerState.LAUNCHING:
+            launching = [w for w in self._workers.values() if w.state is WorkerState.LAUNCHING]
+            waiting = self._rendezvous.waiting
+            if all(w.worker_id in waiting for w in launching):
+                self._reform(f"{len(launching)} worker(s) joined")
+        elif worker.state is WorkerState.MEMBER and after_epoch >= self._rendezvous.epoch:
+            # It saw its epoch fail before the driver saw a death: re-form after one
+            # heartbeat interval unless the death shows up first and re-forms itself.
+            self._spawn(self._reform_if_still_waiting(after_epoch))
+
+    async def _reform_if_still_waiting(self, epoch: int) -> None:
+        await asyncio.sleep(self.settings.heartbeat_interval)
+        if self._rendezvous.epoch == epoch and not self._finishing:
+            self._reform("a worker reported a failed collective")
+
+    def _on_join(self, worker_id: str, epoch: int) -> None:
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.joined = True
+
+    def registered(self, worker_id: str, pid: int) -> bool:
+        worker = self._workers.get(worker_id)
+        if worker is None or not worker.state.alive:
+            return False
+        worker.registered = True
+        worker.pid = pid
+        worker.last_heartbeat = self._clock()
+        return True
+
+    def heartbeat(self, worker_id: str, epoch: int) -> bool:
+        worker = self._workers.get(worker_id)
+        if worker is None or not worker.state.alive:
+            return False
+        worker.last_heartbeat = self._clock()
+        return True
+
+    def leave(self, worker_id: str, reason: str) -> bool:
+        worker = self._workers.get(worker_id)
+        if worker is None or not worker.state.alive:
+            return False
+        if reason == "exit":
+            worker.exiting = True
+        else:
+            self._request_leave(worker, reason)
+        return True
+
+    def stream_opened(self, worker_id: str) -> asyncio.Queue[ControlEvent] | None:
+        worker = self._workers.get(worker_id)
+        if worker is None or not worker.state.alive:
+            return None
+        worker.stream_closed_at = None
+        queue: asyncio.Queue[ControlEvent] = asyncio.Queue()
+        self._queues[worker_id] = queue
+        return queue
+
+    def stream_closed(self, worker_id: str, queue: asyncio.Queue[ControlEvent]) -> None:
+        if self._queues.get(worker_id) is not queue:
+            return  # an older stream of a worker that has reconnected since
+        del self._queues[worker_id]
+        worker = self._workers.get(worker_id)
+        if worker is not None and worker.state.alive:
+            worker.stream_closed_at = self._clock()
+
+    # --- periodic checks -----------------------------------------------------------------
+
+    async def _watch_liveness(self) -> None:
+        """Declare dead (and kill) workers that miss heartbeats or whose control stream stays
+        closed; fail workers that do not join in time; end the job past the elastic timeout."""
+        interval = self.settings.heartbeat_interval
+        while True:
+            await asyncio.sleep(min(interval, 0.25))
+            now = self._clock()
+            for worker in self._alive():
+                if worker.exiting:
+                    continue
+                if worker.registered and now - worker.last_heartbeat > MISSED_HEARTBEATS * interval:
+                    self._declare_dead(worker, f"missed {MISSED_HEARTBEATS} heartbeats (hung?)")
+                elif (
+                    worker.stream_closed_at is not None and now - worker.stream_closed_at > interval
+                ):
+                    self._declare_dead(worker, "closed its control stream")
+                elif not worker.joined and now - worker.launched_at > self.settings.start_timeout:
+                    self._not_joined(worker)
+            if self.elastic is not None and self._short_since is not None:
+                waited = now - self._short_since
+                if waited > self.elastic.elastic_timeout:
+                    self._finish(
+                        1,
+                        f"fewer than --min-np {self.elastic.min_np} workers for "
+                        f"{self.elastic.elastic_timeout:g} s (--elastic-timeout)",
                     )
-                for task in done:
-                    worker = exits.pop(task)
-                    worker.exit_code = task.result()
-                    if worker.exit_code != 0:
-                        worker.state = "failed"
-                        log.error(
-                            "rank %d on host %s %s; stopping the other workers",
-                            worker.slot.rank,
-                            worker.slot.hostname,
-                            describe_exit(worker),
-                        )
-                        return worker.exit_code
-                    worker.state = "exited"
-            return 0
-        finally:
-            for task in (*exits, stopping):
-                task.cancel()
+                else:
+                    self._progress(
+                        f"waiting for workers: {len(self._alive())} alive, --min-np "
+                        f"{self.elastic.min_np}, {self.elastic.elastic_timeout - waited:.0f} s "
+                        "left (--elastic-timeout)"
+                    )
+
+    def _declare_dead(self, worker: Worker, reason: str) -> None:
+        worker.process.kill()
+        self._worker_failed(worker, reason)
+
+    def _not_joined(self, worker: Worker) -> None:
+        timeout = self.settings.start_timeout
+        if self.elastic is None:
+            missing = sorted(
+                slot.rank
+                for w in self._alive()
+                if not w.joined and (slot := self._rendezvous.slot_of(w.worker_id)) is not None
+            )
+            self._finish(
+                1,
+                f"rank(s) {missing} did not join the rendezvous within {timeout:g} s "
+                "(--start-timeout)",
+            )
+            return
+        worker.process.kill()
+        self._worker_failed(worker, f"did not join within {timeout:g} s (--start-timeout)")
+
+    def _progress(self, line: str) -> None:
+        now = self._clock()
+        if now - self._last_progress >= PROGRESS_EVERY:
+            self._last_progress = now
+            log.warning("%s", line)
+
+    async def _discover_once(self) -> None:
+        try:
+            hosts = await self._discovery.find()
+        except DiscoveryError as err:
+            update = self._tracker.discovery_failed(str(err), self._clock())
+            if update.error:
+                log.error("host discovery failed, keeping the last good hosts: %s", update.error)
+        else:
+            update = self._tracker.discovered(hosts, self._clock())
+            if update.recovered:
+                log.warning("host discovery works again")
+        if update.change is not None and self._result is not None and self._rendezvous.epoch:
+            self._hosts_changed(update.change)
+
+    async def _follow_discovery(self) -> None:
+        assert self.elastic is not None
+        while True:
+            await asyncio.sleep(self.elastic.discovery_interval)
+            await self._discover_once()
+            expiry = self._tracker.next_expiry(self._clock() - 1e-9)
+            if expiry is not None and expiry <= self._clock():
+                update = self._tracker.refresh(self._clock())
+                if update.change is not None:
+                    self._hosts_changed(update.change)
+
+    # --- stopping ------------------------------------------------------------------------
 
     async def _stop_all(self) -> None:
         """SIGTERM every running worker, SIGKILL those still running after the grace period."""
-        running = [w for w in self._workers.values() if w.exit_code is None]
+        running = [
+            w for w in self._workers.values() if w.process is not None and w.exit_code is None
+        ]
         if not running:
             return
         for worker in running:
             worker.process.terminate()
-        waits = [asyncio.create_task(w.process.wait()) for w in running]
+        waits = [asyncio.ensure_future(w.process.wait()) for w in running]
         _, late = await asyncio.wait(waits, timeout=self.settings.stop_grace)
         if late:
             for worker, task in zip(running, waits, strict=True):
@@ -242,4 +708,38 @@ class Job:
         for worker, task in zip(running, waits, strict=True):
             if task.done() and not task.cancelled():
                 worker.exit_code = task.result()
-            worker.state = "stopped"
+            if worker.state.alive:
+                worker.state = WorkerState.STOPPED
+
+    # --- status --------------------------------------------------------------------------
+
+    def status(self) -> JobStatus:
+        hosts = self._tracker.hosts if self.elastic is not None else self.settings.hosts
+        workers = []
+        for worker in self._workers.values():
+            slot = self._rendezvous.slot_of(worker.worker_id)
+            workers.append(
+                WorkerStatus(
+                    worker_id=worker.worker_id,
+                    rank=slot.rank if slot is not None else None,
+                    hostname=worker.hostname,
+                    local_rank=slot.local_rank if slot is not None else None,
+                    state=worker.state.value,
+                    pid=worker.pid,
+                    exit_code=worker.exit_code,
+                )
+            )
+        return JobStatus(
+            job_id=self.job_id,
+            epoch=self._rendezvous.epoch,
+            size=len(self._rendezvous.members),
+            hosts=[HostStatus(hostname=h.hostname, slots=h.slots) for h in hosts],
+            workers=workers,
+        )
+
+
+def _host_summary(workers: list[Worker]) -> str:
+    counts: dict[str, int] = {}
+    for worker in workers:
+        counts[worker.hostname] = counts.get(worker.hostname, 0) + 1
+    return ", ".join(f"{host}:{count}" for host, count in counts.items())

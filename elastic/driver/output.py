@@ -5,28 +5,32 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import BinaryIO
 
 _CHUNK = 1 << 16
 
 
 class OutputSink:
-    """Writes one rank's stream as `[rank]<stdout>:line` and, with a directory, to
-    `DIR/rank.<rank>/<stdout|stderr>` (raw lines)."""
+    """Writes one worker's stream to the console as `[label]<stdout>:line`, where `label()` is
+    the worker's current rank, and, with a directory, raw lines to `DIR/<name>/<stream>`."""
 
-    def __init__(self, rank: int, stream: str, directory: str | None) -> None:
-        self._prefix = f"[{rank}]<{stream}>:".encode()
+    def __init__(
+        self, label: Callable[[], str], stream: str, directory: str | None, name: str
+    ) -> None:
+        self._label = label
+        self._tag = f"<{stream}>:".encode()
         self._console: BinaryIO = (sys.stdout if stream == "stdout" else sys.stderr).buffer
         self._file: BinaryIO | None = None
         if directory is not None:
-            folder = Path(directory) / f"rank.{rank}"
+            folder = Path(directory) / name
             folder.mkdir(parents=True, exist_ok=True)
             self._file = open(folder / stream, "ab")  # noqa: SIM115 - closed in close()
 
     def write_line(self, line: bytes) -> None:
         if not line.endswith(b"\n"):
             line += b"\n"
-        self._console.write(self._prefix + line)
+        self._console.write(b"[" + self._label().encode() + b"]" + self._tag + line)
         self._console.flush()
         if self._file is not None:
             self._file.write(line)

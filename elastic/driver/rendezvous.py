@@ -1,53 +1,119 @@
-"""Epoch formation: the driver forms an epoch (slots by host and local rank), workers join it."""
+"""Epoch formation: the driver forms epochs (an ordered list of worker ids), workers join them.
+
+A worker joins with its id and the last epoch it was in (0 at start) and receives its slot in
+the first newer epoch that includes it, waiting for one to form; a worker that the driver
+excluded (it leaves the job: SIGTERM, a removed host) is told so and exits. Every epoch's KV
+keys live under `epoch_prefix(epoch)`, so a new epoch never sees an old one's keys, and a
+newer epoch supersedes every wait of the older ones.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from elastic.driver.assignment import plan_slots
 from elastic.driver.changes import ChangeNotifier
 from elastic.protocol.http import SlotInfo
 
-JoinListener = Callable[[SlotInfo, int], None]
+WaitListener = Callable[[str, int], None]
+JoinListener = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class Joined:
+    epoch: int
+    slot: SlotInfo
+
+
+class NotMember(Exception):
+    """The worker was excluded from the job: it must leave (exit 0)."""
 
 
 class Rendezvous:
-    """Holds the current epoch and answers joins with the joining worker's slot.
+    """Holds the current epoch's members and answers joins. Runs on the driver's event loop.
 
-    `join` returns the slot for (hostname, local_rank) in the newest formed epoch, waiting up to
-    its timeout for an epoch that has such a slot. Every epoch's KV keys live under
-    `epoch_prefix(epoch)`, so a new epoch never sees an old one's keys.
+    `on_wait(worker_id, after_epoch)` is called when a worker starts waiting for an epoch
+    newer than `after_epoch`, so the driver can count who is ready to form the next one;
+    `on_join(worker_id, epoch)` when a worker receives its slot.
     """
 
-    def __init__(self, on_join: JoinListener | None = None) -> None:
+    def __init__(
+        self, on_wait: WaitListener | None = None, on_join: JoinListener | None = None
+    ) -> None:
         self.epoch = 0
-        self._slots: dict[tuple[str, int], SlotInfo] = {}
+        self.members: list[str] = []
+        self._slots: dict[str, SlotInfo] = {}
+        self._excluded: set[str] = set()
+        self._waiting: dict[str, int] = {}
         self._changes = ChangeNotifier()
+        self._on_wait = on_wait
         self._on_join = on_join
+        self._closed = False
 
     @staticmethod
     def epoch_prefix(epoch: int) -> str:
         return f"epoch/{epoch}/"
 
-    @property
-    def slots(self) -> list[SlotInfo]:
-        return sorted(self._slots.values(), key=lambda s: s.rank)
+    def slot_of(self, worker_id: str) -> SlotInfo | None:
+        return self._slots.get(worker_id)
 
-    def form(self, epoch: int, slots: list[SlotInfo]) -> None:
-        """Make `epoch` current with `slots`, waking every waiting joiner."""
-        if epoch <= self.epoch:
-            raise ValueError(f"epoch {epoch} is not newer than the current epoch {self.epoch}")
-        self.epoch = epoch
-        self._slots = {(s.hostname, s.local_rank): s for s in slots}
+    @property
+    def waiting(self) -> dict[str, int]:
+        """Workers now waiting for a newer epoch, with the epoch each is leaving."""
+        return dict(self._waiting)
+
+    def form(self, members: list[tuple[str, str]]) -> int:
+        """Form the next epoch from (worker_id, hostname) in rank order; return its number.
+
+        Wakes every joiner it includes and supersedes every wait of older epochs.
+        """
+        self.epoch += 1
+        self.members = [worker_id for worker_id, _ in members]
+        slots = plan_slots([hostname for _, hostname in members])
+        self._slots = dict(zip(self.members, slots, strict=True))
+        self._changes.notify()
+        return self.epoch
+
+    def exclude(self, worker_id: str) -> None:
+        """Tell `worker_id` at its next join that it is no longer part of the job."""
+        self._excluded.add(worker_id)
         self._changes.notify()
 
-    async def join(
-        self, hostname: str, local_rank: int, timeout: float
-    ) -> tuple[int, SlotInfo] | None:
-        """Return (epoch, slot) for the worker, or None if no epoch has its slot by `timeout`."""
-        key = (hostname, local_rank)
-        if not await self._changes.wait_until(lambda: key in self._slots, timeout):
-            return None
-        slot = self._slots[key]
+    def close(self) -> None:
+        """The job is ending: every later join (and every waiting one) answers `NotMember`."""
+        self._closed = True
+        self._changes.notify()
+
+    async def join(self, worker_id: str, after_epoch: int, timeout: float) -> Joined | None:
+        """The worker's slot in the first epoch newer than `after_epoch` that includes it.
+
+        Returns None if none formed within `timeout`; raises `NotMember` if the worker was
+        excluded.
+        """
+
+        def answered() -> bool:
+            return (
+                self._closed
+                or worker_id in self._excluded
+                or (self.epoch > after_epoch and worker_id in self._slots)
+            )
+
+        if not answered():
+            self._waiting[worker_id] = after_epoch
+            if self._on_wait is not None:
+                self._on_wait(worker_id, after_epoch)
+            try:
+                if not await self._changes.wait_until(answered, timeout):
+                    return None
+            finally:
+                self._waiting.pop(worker_id, None)
+        if self._closed or worker_id in self._excluded:
+            raise NotMember(worker_id)
         if self._on_join is not None:
-            self._on_join(slot, self.epoch)
-        return self.epoch, slot
+            self._on_join(worker_id, self.epoch)
+        return Joined(self.epoch, self._slots[worker_id])
+
+    async def wait_superseded(self, epoch: int, timeout: float) -> bool:
+        """True as soon as an epoch newer than `epoch` forms; False after `timeout`."""
+        return await self._changes.wait_until(lambda: self.epoch > epoch, timeout)

@@ -5,7 +5,7 @@ Byte values travel base64-encoded inside JSON; nothing on the wire is pickled.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -13,7 +13,7 @@ MAX_KEY_LENGTH = 1024
 MAX_VALUE_BYTES = 4 * 1024 * 1024
 MAX_KEYS_PER_REQUEST = 1024
 MAX_WAIT_SECONDS = 3600.0
-HOSTNAME_MAX_LENGTH = 255
+WORKER_ID_MAX_LENGTH = 255
 
 KeyName = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH)]
 Base64 = Annotated[str, Field(max_length=(MAX_VALUE_BYTES * 4) // 3 + 4, description="base64")]
@@ -43,16 +43,19 @@ class SlotInfo(Strict):
 
 
 class JoinRequest(Strict):
-    hostname: str = Field(min_length=1, max_length=HOSTNAME_MAX_LENGTH)
-    local_rank: int = Field(ge=0, lt=1 << 16)
+    """Join the first epoch newer than `after_epoch` (0 at start) that includes the worker."""
+
+    worker_id: str = Field(min_length=1, max_length=WORKER_ID_MAX_LENGTH)
+    after_epoch: int = Field(default=0, ge=0)
     pid: int = Field(default=0, ge=0)
     timeout: float = Field(default=30.0, ge=0.0, le=MAX_WAIT_SECONDS)
 
 
 class JoinResponse(Strict):
-    """`formed` is False when `timeout` passed before an epoch that includes the worker formed."""
+    """`formed`: `epoch` and `slot` are the worker's; `pending`: no such epoch formed within
+    the timeout (ask again); `not_member`: the worker was excluded from the job and must exit."""
 
-    formed: bool
+    status: Literal["formed", "pending", "not_member"]
     epoch: int = 0
     slot: SlotInfo | None = None
 
@@ -124,10 +127,11 @@ class HostStatus(Strict):
 
 
 class WorkerStatus(Strict):
-    rank: int
+    worker_id: str
+    rank: int | None = Field(description="rank in the current epoch; None when not a member")
     hostname: str
-    local_rank: int
-    state: str = Field(description="launching | joined | exited | failed | stopped")
+    local_rank: int | None
+    state: str = Field(description="launching | member | leaving | exited | failed | stopped")
     pid: int | None = None
     exit_code: int | None = None
 

@@ -4,6 +4,7 @@ A Horovod user changes `import horovod.torch as hvd` to `import elastic.torch as
 `horovodrun` to `elasticrun`; the names and their meaning are Horovod's.
 """
 
+from elastic.torch import elastic
 from elastic.worker.collectives import (
     Average,
     Handle,
@@ -83,6 +84,7 @@ __all__ = [
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "elastic",
     "cross_rank",
     "cross_size",
     "grouped_allreduce",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TypeVar
 
@@ -21,6 +22,14 @@ class DriverError(RuntimeError):
 
 class KeyNotFound(DriverError):
     """A `get` found no value within its timeout (HTTP 404)."""
+
+
+class EpochSuperseded(DriverError):
+    """A newer epoch formed while waiting on this one's keys (HTTP 410): re-join."""
+
+
+class NotMemberError(DriverError):
+    """The driver excluded this worker from the job: it must leave."""
 
 
 def _retryable(err: BaseException) -> bool:
@@ -74,23 +83,31 @@ class DriverClient:
             ) from err
         if answer.status_code == 404:
             raise KeyNotFound(answer.json().get("detail", "not found"))
+        if answer.status_code == 410:
+            raise EpochSuperseded(answer.json().get("detail", "epoch superseded"))
         if answer.status_code >= 400:
             raise DriverError(f"driver refused {path}: {answer.status_code} {answer.text}")
         return response.model_validate_json(answer.content)
 
-    def join(
-        self, hostname: str, local_rank: int, pid: int, timeout: float
-    ) -> tuple[int, SlotInfo]:
-        """Join the rendezvous; return (epoch, slot). Raises DriverError after `timeout` s."""
+    def join(self, worker_id: str, after_epoch: int, timeout: float) -> tuple[int, SlotInfo]:
+        """Join the first epoch newer than `after_epoch` that includes this worker.
+
+        Returns (epoch, slot). Raises `NotMemberError` if the driver excluded the worker (it
+        must leave the job), `DriverError` if no such epoch forms within `timeout` seconds.
+        """
         deadline = time.monotonic() + timeout
         while True:
             poll = max(0.0, min(30.0, deadline - time.monotonic()))
-            request = JoinRequest(hostname=hostname, local_rank=local_rank, pid=pid, timeout=poll)
+            request = JoinRequest(
+                worker_id=worker_id, after_epoch=after_epoch, pid=os.getpid(), timeout=poll
+            )
             answer = self.post("/v1/rendezvous/join", request, JoinResponse, wait=poll)
-            if answer.formed and answer.slot is not None:
+            if answer.status == "not_member":
+                raise NotMemberError(f"worker {worker_id} is no longer part of the job")
+            if answer.status == "formed" and answer.slot is not None:
                 return answer.epoch, answer.slot
             if time.monotonic() >= deadline:
                 raise DriverError(
-                    f"no epoch with a slot for {hostname} local rank {local_rank} "
-                    f"formed within {timeout:g} s"
+                    f"no epoch after {after_epoch} with worker {worker_id} formed within "
+                    f"{timeout:g} s"
                 )

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import enum
 import pickle
+import time
 from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -26,6 +28,7 @@ import torch.distributed as dist
 
 from elastic.worker.compression import Compression, Compressor
 from elastic.worker.context import WorkerContext, current
+from elastic.worker.errors import WorkerLostError
 
 __all__ = [
     "Adasum",
@@ -83,15 +86,35 @@ Product = ReduceOp.PRODUCT
 _Pending = tuple[list[dist.Work], Callable[[], Any]]
 
 
-def _wait(work: dist.Work) -> None:
-    """Block until `work` completes: the only place this module waits on torch.distributed.
+_WAIT_SLICE = timedelta(milliseconds=50)
 
-    Raises `RuntimeError` when the collective fails (a peer died or closed its connections).
-    The elastic runtime will change this function, and only it, to wait in short slices and to
-    raise as soon as the current epoch is declared broken: a Gloo collective that is already
-    blocked cannot be interrupted any other way. Never wait on a `Work` elsewhere.
+
+def _wait(work: dist.Work) -> None:
+    """Block until `work` completes: the only place the worker waits on torch.distributed.
+
+    Waits in short slices (no latency is added: a slice returns as soon as the work is done)
+    and, between slices, checks whether the driver declared this epoch broken, because a Gloo
+    collective blocked on a hung peer cannot be interrupted any other way. Raises
+    `WorkerLostError` when the collective fails (a peer died or closed its connections) or
+    the epoch is broken, and `RuntimeError` with torch's message when the collective timeout
+    passes.
     """
-    work.wait()
+    ctx = current("a collective")
+    deadline = time.monotonic() + ctx.timeout
+    while True:
+        try:
+            work.wait(timeout=_WAIT_SLICE)
+            return
+        except RuntimeError as err:
+            if "timed out" not in str(err).lower():
+                raise WorkerLostError(f"a collective of epoch {ctx.epoch} failed: {err}") from err
+        reason = ctx.events.broken(ctx.epoch)
+        if reason is not None:
+            raise WorkerLostError(f"epoch {ctx.epoch} is broken: {reason}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"a collective did not complete within {ctx.timeout:g} s (--collective-timeout)"
+            )
 
 
 def _complete(pending: _Pending) -> Any:

@@ -15,19 +15,18 @@ class NotLaunchedError(RuntimeError):
 @dataclass(frozen=True)
 class WorkerConfig:
     driver_url: str
+    control_address: str
     token: str
+    worker_id: str
     hostname: str
-    local_rank: int
+    elastic: bool
     start_timeout: float
     collective_timeout: float
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
-        missing = [
-            name
-            for name in (env.DRIVER_URL, env.TOKEN, env.HOSTNAME, env.LOCAL_RANK)
-            if not os.environ.get(name)
-        ]
+        required = (env.DRIVER_URL, env.CONTROL_ADDRESS, env.TOKEN, env.WORKER_ID, env.HOSTNAME)
+        missing = [name for name in required if not os.environ.get(name)]
         if missing:
             raise NotLaunchedError(
                 "elastic.torch.init(): this process was not started by elasticrun "
@@ -35,9 +34,11 @@ class WorkerConfig:
             )
         return cls(
             driver_url=os.environ[env.DRIVER_URL],
+            control_address=os.environ[env.CONTROL_ADDRESS],
             token=os.environ[env.TOKEN],
+            worker_id=os.environ[env.WORKER_ID],
             hostname=os.environ[env.HOSTNAME],
-            local_rank=int(os.environ[env.LOCAL_RANK]),
+            elastic=os.environ.get(env.ELASTIC) == "1",
             start_timeout=float(os.environ.get(env.START_TIMEOUT, "30")),
             collective_timeout=float(os.environ.get(env.COLLECTIVE_TIMEOUT, "1800")),
         )

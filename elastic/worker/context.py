@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from elastic.protocol.http import SlotInfo
+from elastic.worker.membership import MembershipEvents
 
 
 class NotInitializedError(RuntimeError):
@@ -26,12 +27,17 @@ class NotInitializedError(RuntimeError):
 
 @dataclass
 class WorkerContext:
-    """What one formed epoch gives a worker: its slot, the group and the device it uses."""
+    """What one formed epoch gives a worker: its slot, the group and the device it uses.
+
+    `events` is the process's one `MembershipEvents`, carried from epoch to epoch.
+    """
 
     slot: SlotInfo
     epoch: int
     group: dist.ProcessGroup
     device: torch.device
+    events: MembershipEvents = field(default_factory=MembershipEvents)
+    timeout: float = 1800.0  # seconds a collective may take (--collective-timeout)
     resources: list[Any] = field(default_factory=list)
 
     @property
@@ -44,6 +50,7 @@ class WorkerContext:
 
 
 _current: WorkerContext | None = None
+_graveyard: list[Any] = []  # abandoned process groups, kept alive (see process_group.py)
 
 
 def current(what: str = "this call") -> WorkerContext:
@@ -55,6 +62,11 @@ def current(what: str = "this call") -> WorkerContext:
 
 def is_initialized() -> bool:
     return _current is not None
+
+
+def bury(group: Any) -> None:
+    """Keep an abandoned process group referenced for the rest of the process's life."""
+    _graveyard.append(group)
 
 
 def activate(ctx: WorkerContext | None) -> None:

@@ -1,4 +1,4 @@
-"""Creating and tearing down the process group of one epoch."""
+"""Creating the process group of one epoch, and abandoning it when the epoch ends."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from elastic.worker import context
 
 
 def device_for(local_rank: int) -> torch.device:
@@ -27,7 +29,8 @@ def create_group(
 ) -> dist.ProcessGroup:
     """Form the default process group over `store`; every rank of the epoch must call this.
 
-    Raises RuntimeError or TimeoutError if a peer does not arrive within `timeout`.
+    Raises RuntimeError or TimeoutError if a peer does not arrive within `timeout`, and the
+    store's `EpochSuperseded` if a newer epoch forms meanwhile.
     """
     dist.init_process_group(
         backend=backend_for(device), store=store, rank=rank, world_size=size, timeout=timeout
@@ -37,7 +40,16 @@ def create_group(
     return group
 
 
-def destroy_group() -> None:
-    """Release the current default process group, if any."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def abandon_group() -> None:
+    """Drop the current default process group without waiting for it.
+
+    A collective of the old group may still be blocked on a dead or hung peer, and destroying
+    the group would join its threads; instead the group object is kept alive (in the
+    process-wide context's graveyard) and unregistered, so a new default group can form at
+    once. Its threads end when the dead peer's sockets close.
+    """
+    if not dist.is_initialized():
+        return
+    group = dist.group.WORLD
+    context.bury(group)
+    dist.destroy_process_group()

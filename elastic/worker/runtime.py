@@ -1,48 +1,123 @@
-"""`init()` and `shutdown()`, and the queries about this worker's place in the job."""
+"""`init()`, `shutdown()` and re-joining after a membership change, and the queries about this
+worker's place in the job."""
 
 from __future__ import annotations
 
-import os
+import logging
 from datetime import timedelta
 
+import torch.distributed as dist
+
 from elastic.worker import context
-from elastic.worker.client import DriverClient
+from elastic.worker.client import DriverClient, EpochSuperseded, NotMemberError
 from elastic.worker.config import WorkerConfig
-from elastic.worker.process_group import create_group, destroy_group, device_for
+from elastic.worker.control import ControlClient
+from elastic.worker.errors import WorkerLostError
+from elastic.worker.membership import MembershipEvents
+from elastic.worker.process_group import abandon_group, create_group, device_for
 from elastic.worker.store import DriverStore
+
+log = logging.getLogger(__name__)
 
 
 def init() -> None:
     """Join the rendezvous and form the process group. Calling it again does nothing.
 
-    Raises `NotLaunchedError` when the process was not started by `elasticrun`, and
-    `DriverError` when no epoch with this worker's slot forms within the start timeout.
+    Raises `NotLaunchedError` when the process was not started by `elasticrun`,
+    `DriverError` when no epoch with this worker forms within the start timeout, and
+    `NotMemberError` when the driver excluded the worker before it joined.
     """
     if context.is_initialized():
         return
     config = WorkerConfig.from_env()
     client = DriverClient(config.driver_url, config.token, retry_for=config.start_timeout)
-    epoch, slot = client.join(config.hostname, config.local_rank, os.getpid(), config.start_timeout)
-    timeout = timedelta(seconds=config.collective_timeout)
-    store = DriverStore(client, epoch, timeout)
-    device = device_for(slot.local_rank)
-    group = create_group(store, slot.rank, slot.size, device, timeout)
-    context.activate(
-        context.WorkerContext(
-            slot=slot, epoch=epoch, group=group, device=device, resources=[client, store]
-        )
+    events = MembershipEvents()
+    control = ControlClient(
+        config.control_address,
+        config.token,
+        config.worker_id,
+        events,
+        retry_for=config.start_timeout,
     )
+    control.start()
+    try:
+        _enter_next_epoch(config, client, control, events, after_epoch=0)
+    except BaseException:
+        control.close()
+        client.close()
+        raise
+
+
+def _enter_next_epoch(
+    config: WorkerConfig,
+    client: DriverClient,
+    control: ControlClient,
+    events: MembershipEvents,
+    after_epoch: int,
+) -> None:
+    """Join the first epoch after `after_epoch` and form its process group.
+
+    A newer epoch forming while the group forms (a peer died meanwhile) makes it join again.
+    """
+    timeout = timedelta(seconds=config.collective_timeout)
+    while True:
+        epoch, slot = client.join(config.worker_id, after_epoch, config.start_timeout)
+        control.set_epoch(epoch)
+        store = DriverStore(client, epoch, timeout)
+        device = device_for(slot.local_rank)
+        try:
+            group = create_group(store, slot.rank, slot.size, device, timeout)
+        except EpochSuperseded:
+            after_epoch = epoch
+            continue
+        context.activate(
+            context.WorkerContext(
+                slot=slot,
+                epoch=epoch,
+                group=group,
+                device=device,
+                events=events,
+                timeout=config.collective_timeout,
+                resources=[config, client, control],
+            )
+        )
+        return
+
+
+def rejoin() -> None:
+    """Leave the current epoch's group and join the next epoch (the elastic run loop's step
+    after `WorkerLostError` or `HostsUpdatedInterrupt`).
+
+    The old group is abandoned, not destroyed: one of its collectives may still be blocked on
+    a dead peer. Raises `NotMemberError` when the driver excluded this worker (it leaves the
+    job), `DriverError` when no epoch with it forms within the start timeout.
+    """
+    ctx = context.current("hvd.elastic reset")
+    config, client, control = ctx.resources
+    abandon_group()
+    context.activate(None)
+    try:
+        _enter_next_epoch(config, client, control, ctx.events, after_epoch=ctx.epoch)
+    except NotMemberError:
+        control.close()
+        client.close()
+        raise
 
 
 def shutdown() -> None:
-    """Leave the job: release the process group and the driver connection. Idempotent."""
+    """Leave the job: release the process group and the driver connections. Idempotent."""
     if not context.is_initialized():
         return
     ctx = context.current()
-    destroy_group()
-    for resource in ctx.resources:
-        if isinstance(resource, DriverClient):
-            resource.close()
+    _, client, control = ctx.resources
+    try:
+        control.leave("exit")
+    except Exception as err:  # the driver may be gone already: nothing to tell it then
+        log.debug("could not tell the driver this worker exits: %s", err)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    control.close()
+    client.close()
     context.activate(None)
 
 
@@ -78,3 +153,18 @@ def cross_rank() -> int:
 def cross_size() -> int:
     """Number of hosts that have a worker with this local rank."""
     return context.current("hvd.cross_size()").slot.cross_size
+
+
+__all__ = [
+    "WorkerLostError",
+    "cross_rank",
+    "cross_size",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "rank",
+    "rejoin",
+    "shutdown",
+    "size",
+]

@@ -6,14 +6,12 @@ import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from elastic.protocol.http import SlotInfo
-
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What to run for one slot: the user's command, its environment (token included) and cwd."""
+    """What to run on `hostname`: the user's command, its environment (token included), cwd."""
 
-    slot: SlotInfo
+    hostname: str
     command: list[str]
     env: dict[str, str]
     cwd: str

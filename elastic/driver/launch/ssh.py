@@ -144,7 +144,7 @@ class SshLauncher(Launcher):
         )
         try:
             process = await asyncio.create_subprocess_exec(
-                *ssh_command(self._options, spec.slot.hostname, remote),
+                *ssh_command(self._options, spec.hostname, remote),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -153,7 +153,7 @@ class SshLauncher(Launcher):
                 env=os.environ.copy(),
             )
         except OSError as err:
-            raise LaunchError(_no_ssh_client(spec.slot.hostname, err)) from None
+            raise LaunchError(_no_ssh_client(spec.hostname, err)) from None
         header = {"env": forwarded_env(spec.env), "grace": self._grace}
         assert process.stdin is not None
         process.stdin.write((json.dumps(header) + "\n").encode())

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from fastapi import APIRouter, HTTPException
 
 from elastic.driver.rendezvous import Rendezvous
 from elastic.driver.server.auth import ServicesDep
+from elastic.driver.server.services import Services
 from elastic.protocol.http import (
+    MAX_WAIT_SECONDS,
     AddRequest,
     AddResponse,
     CheckResponse,
@@ -26,6 +31,7 @@ from elastic.protocol.http import (
 )
 
 router = APIRouter(prefix="/v1/kv", tags=["kv"])
+T = TypeVar("T")
 
 
 def _key(epoch: int, key: str) -> str:
@@ -43,15 +49,38 @@ def _encode(value: bytes) -> str:
     return base64.b64encode(value).decode()
 
 
+async def _unless_superseded(svc: Services, epoch: int, wait: Awaitable[T]) -> T:
+    """Await `wait`, but answer 410 as soon as an epoch newer than `epoch` forms: the waiting
+    worker's group can never complete, and it must re-join."""
+    waiting = asyncio.ensure_future(wait)
+    superseded = asyncio.ensure_future(svc.rendezvous.wait_superseded(epoch, MAX_WAIT_SECONDS))
+    try:
+        await asyncio.wait({waiting, superseded}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        superseded.cancel()
+        if not waiting.done():
+            waiting.cancel()
+    if not waiting.done() or waiting.cancelled():
+        raise HTTPException(410, f"epoch {epoch} was superseded by epoch {svc.rendezvous.epoch}")
+    return waiting.result()
+
+
 @router.post("/set")
 async def set_key(body: SetRequest, svc: ServicesDep) -> CheckResponse:
     await svc.kv.set(_key(body.epoch, body.key), _decode(body.value, "value"))
     return CheckResponse(ready=True)
 
 
-@router.post("/get", responses={404: {"description": "the key was not set within the timeout"}})
+@router.post(
+    "/get",
+    responses={
+        404: {"description": "the key was not set within the timeout"},
+        410: {"description": "a newer epoch formed: re-join"},
+    },
+)
 async def get_key(body: GetRequest, svc: ServicesDep) -> ValueResponse:
-    value = await svc.kv.get(_key(body.epoch, body.key), body.timeout)
+    get = svc.kv.get(_key(body.epoch, body.key), body.timeout)
+    value = await _unless_superseded(svc, body.epoch, get)
     if value is None:
         raise HTTPException(404, f"key {body.key!r} was not set within {body.timeout:g} s")
     return ValueResponse(value=_encode(value))
@@ -83,7 +112,8 @@ async def check(body: KeysRequest, svc: ServicesDep) -> CheckResponse:
 @router.post("/wait")
 async def wait(body: WaitRequest, svc: ServicesDep) -> CheckResponse:
     keys = [_key(body.epoch, k) for k in body.keys]
-    return CheckResponse(ready=await svc.kv.wait(keys, body.timeout))
+    ready = await _unless_superseded(svc, body.epoch, svc.kv.wait(keys, body.timeout))
+    return CheckResponse(ready=ready)
 
 
 @router.post("/delete")

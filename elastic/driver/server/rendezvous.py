@@ -1,9 +1,10 @@
-"""`/v1/rendezvous`: a worker joins and learns its slot and epoch."""
+"""`/v1/rendezvous`: a worker joins the next epoch and learns its slot."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
+from elastic.driver.rendezvous import NotMember
 from elastic.driver.server.auth import ServicesDep
 from elastic.protocol.http import JoinRequest, JoinResponse
 
@@ -12,9 +13,11 @@ router = APIRouter(prefix="/v1/rendezvous", tags=["rendezvous"])
 
 @router.post("/join")
 async def join(body: JoinRequest, svc: ServicesDep) -> JoinResponse:
-    """Long-poll up to `timeout` seconds for an epoch with a slot for (hostname, local_rank)."""
-    joined = await svc.rendezvous.join(body.hostname, body.local_rank, body.timeout)
+    """Long-poll up to `timeout` seconds for an epoch newer than `after_epoch` with the worker."""
+    try:
+        joined = await svc.rendezvous.join(body.worker_id, body.after_epoch, body.timeout)
+    except NotMember:
+        return JoinResponse(status="not_member")
     if joined is None:
-        return JoinResponse(formed=False)
-    epoch, slot = joined
-    return JoinResponse(formed=True, epoch=epoch, slot=slot)
+        return JoinResponse(status="pending")
+    return JoinResponse(status="formed", epoch=joined.epoch, slot=joined.slot)

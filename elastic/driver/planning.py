@@ -1,0 +1,30 @@
+"""What the next epoch looks like and where to launch workers. Pure functions, no I/O."""
+
+from __future__ import annotations
+
+from elastic.driver.hosts import HostSpec
+
+
+def next_members(survivors: list[str], joiners: list[str], max_np: int | None) -> list[str]:
+    """The next epoch's worker ids in rank order: surviving members keep their relative rank
+    order (oldest first), ready joiners are appended in launch order, capped at `max_np`."""
+    members = survivors + [j for j in joiners if j not in survivors]
+    return members if max_np is None else members[:max_np]
+
+
+def free_slots(
+    hosts: list[HostSpec], occupied: dict[str, set[int]], wanted: int
+) -> list[tuple[str, int]]:
+    """Up to `wanted` (hostname, slot index) pairs not in `occupied`, filling hosts in order."""
+    free = [
+        (host.hostname, slot)
+        for host in hosts
+        for slot in range(host.slots)
+        if slot not in occupied.get(host.hostname, set())
+    ]
+    return free[: max(0, wanted)]
+
+
+def launch_target(usable_slots: int, max_np: int | None) -> int:
+    """How many workers the job should have: every usable slot, up to `max_np`."""
+    return usable_slots if max_np is None else min(usable_slots, max_np)

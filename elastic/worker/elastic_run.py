@@ -1,0 +1,72 @@
+"""`hvd.elastic.run`: the loop that keeps a training function going across membership changes."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from elastic.state.state import State
+from elastic.worker import context, runtime
+from elastic.worker.client import NotMemberError
+from elastic.worker.errors import HostsUpdatedInterrupt, WorkerLostError
+
+log = logging.getLogger("elastic")
+
+Result = TypeVar("Result")
+
+
+def _leave_on_sigterm() -> None:
+    """SIGTERM (a spot reclaim, a Kubernetes eviction) makes this worker leave at its next
+    commit: the others go on without it, nothing is rolled back, its host is not cooled down."""
+
+    def leave(signum: int, frame: Any) -> None:
+        ctx = context.current("SIGTERM handler")
+        ctx.events.request_leave()
+        control = ctx.resources[2]
+        threading.Thread(target=control.leave, args=("SIGTERM",), daemon=True).start()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, leave)
+
+
+def run(func: Callable[..., Result]) -> Callable[..., Result]:
+    """Decorate a training function `func(state, ...)` so it survives membership changes.
+
+    The wrapper syncs `state` from the rank holding the newest commit, then calls `func`.
+    When a peer dies (`WorkerLostError` from a collective), it restores the last commit,
+    re-joins the next epoch, calls the state's reset callbacks, syncs, and calls `func` again.
+    When the membership changes (`HostsUpdatedInterrupt`, raised by `state.commit()` on every
+    rank at the same step), it re-joins without restoring. A worker the driver excluded (it
+    received SIGTERM, or its host left the discovery output) ends with `SystemExit(0)` at that
+    point. Any other exception propagates: the worker exits non-zero and the job re-forms
+    without it.
+    """
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Result:
+        context.current("hvd.elastic.run")
+        _leave_on_sigterm()
+        skip_sync = False
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except WorkerLostError as err:
+                log.warning("rank %d: %s; restoring the last commit", runtime.rank(), err)
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as interrupt:
+                skip_sync = interrupt.skip_sync
+            try:
+                runtime.rejoin()
+            except NotMemberError:
+                log.info("this worker leaves the job")
+                raise SystemExit(0) from None
+            state.on_reset()
+
+    return wrapper

@@ -1,0 +1,92 @@
+"""An elastic training job that proves nothing is lost or repeated across re-forms.
+
+Every step, the ranks count (with an allreduce) which samples they trained on, in a buffer
+of the model: TorchState commits, restores and syncs it with everything else. After
+`--epochs` epochs every sample must have been counted exactly `--epochs` times, however the
+job shrank, grew or rolled back meanwhile. Rank 0 writes `result.json` into `--out`.
+
+Prints `worker pid=P` at start, `step S epoch E size N rank R` per step, `done` at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+import elastic.torch as hvd
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=240)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--commit-every", type=int, default=2)
+    parser.add_argument("--step-delay", type=float, default=0.05)
+    parser.add_argument("--fail-at-step", type=int, default=-1, help="raise at this step")
+    args = parser.parse_args()
+
+    print(f"worker pid={os.getpid()}", flush=True)
+    hvd.init()
+    torch.manual_seed(0)
+    n, b = args.samples, args.batch
+    data = torch.randn(n, 4)
+    target = data.sum(1, keepdim=True)
+    model = torch.nn.Linear(4, 1)
+    model.register_buffer("counts", torch.zeros(n))
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
+    )
+    sampler = hvd.elastic.ElasticSampler(range(n), shuffle=True, seed=1)
+    state = hvd.elastic.TorchState(
+        model=model, optimizer=optimizer, sampler=sampler, epoch=0, step=0
+    )
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        while state.epoch < args.epochs:
+            mine = list(state.sampler)
+            shard = math.ceil(len(state.sampler.remaining_indices) / hvd.size())
+            for k in range(math.ceil(shard / b)):  # the same count on every rank
+                if state.step == args.fail_at_step:
+                    raise ValueError(f"injected failure at step {state.step}")
+                idx = mine[k * b : (k + 1) * b]  # empty at the tail of a shorter shard
+                optimizer.zero_grad()
+                loss = ((model(data[idx]) - target[idx]) ** 2).sum() / (b * hvd.size())
+                loss.backward()
+                optimizer.step()
+                seen = torch.zeros(n)
+                seen[idx] = 1.0
+                hvd.allreduce_(seen, op=hvd.Sum)
+                with torch.no_grad():
+                    model.counts += seen
+                state.sampler.record_batch(k, b)
+                state.step += 1
+                print(
+                    f"step {state.step} epoch {state.epoch} size {hvd.size()} rank {hvd.rank()}",
+                    flush=True,
+                )
+                time.sleep(args.step_delay)
+                if state.step % args.commit_every == 0:
+                    state.commit()
+            state.epoch += 1
+            state.sampler.set_epoch(state.epoch)
+            state.commit()
+
+    train(state)
+    if hvd.rank() == 0:
+        result = {"counts": model.counts.tolist(), "epochs": args.epochs, "size": hvd.size()}
+        Path(args.out, "result.json").write_text(json.dumps(result))
+    print(f"done size {hvd.size()} rank {hvd.rank()}", flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
