@@ -144,7 +144,7 @@ def test_workers_that_never_join_fail_the_start_timeout(elasticrun, tmp_path: Pa
         (["-np", "2", "-H", "a:1,,b:1", "true"], "malformed host list"),
         (["-np", "3", "-H", "localhost:2", "true"], "-np 3 is larger than the 2 slot(s)"),
         (["-np", "2"], "no command given"),
-        (["true"], "the following arguments are required: -np"),
+        (["true"], "-np is required (or give --min-np / --host-discovery-script)"),
         (["-np", "zero", "true"], "invalid int value: 'zero'"),
         (["-np", "0", "true"], "-np must be at least 1"),
         (["-np", "1", "--hostfile", "/nonexistent/hosts", "true"], "cannot read"),

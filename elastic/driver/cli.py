@@ -46,9 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-proc",
         dest="np",
         type=int,
-        required=True,
         metavar="N",
-        help="number of worker processes",
+        help="number of worker processes (elastic: to start with; default every usable slot "
+        "up to --max-np)",
     )
     hosts = parser.add_mutually_exclusive_group()
     hosts.add_argument(
@@ -271,6 +271,7 @@ async def _run(settings: Settings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="elasticrun: %(message)s", level=logging.WARNING)
+    log.setLevel(logging.INFO)  # epochs, launches and leaves; --verbose adds the details
     try:
         settings = parse_settings(sys.argv[1:] if argv is None else argv)
         if settings.verbose:

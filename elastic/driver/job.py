@@ -206,7 +206,9 @@ class Job:
             worker.state = WorkerState.MEMBER
         for worker in workers:
             await self._start(worker)
-        log.info("epoch 1: %d worker(s) on %s", len(workers), _host_summary(workers))
+        (log.info if self.elastic else log.debug)(
+            "epoch 1: %d worker(s) on %s", len(workers), _host_summary(workers)
+        )
 
     # --- launching -------------------------------------------------------------------------
 
@@ -293,9 +295,15 @@ class Job:
         return {**os.environ, **{k: str(v) for k, v in values.items()}}
 
     def _label(self, worker: Worker) -> Callable[[], str]:
+        """The output tag of `worker`: its rank now, else the last rank it had, else its id."""
+        last = worker.worker_id
+
         def label() -> str:
+            nonlocal last
             slot = self._rendezvous.slot_of(worker.worker_id)
-            return str(slot.rank) if slot is not None else worker.worker_id
+            if slot is not None:
+                last = str(slot.rank)
+            return last
 
         return label
 
@@ -330,11 +338,12 @@ class Job:
         worker.exit_code = code
         if worker.state is WorkerState.STOPPED or not worker.state.alive:
             return
-        if code == 0:
-            self._worker_exited(worker)
-        elif worker.state is WorkerState.LEAVING:
+        if worker.state is WorkerState.LEAVING:
             worker.state = WorkerState.EXITED
-            log.warning("worker %s left with exit code %d", worker.worker_id, code)
+            if code != 0:
+                log.warning("%s left with exit code %d", self._where(worker), code)
+        elif code == 0:
+            self._worker_exited(worker)
         else:
             self._worker_failed(worker, describe_exit(worker))
 
@@ -604,18 +613,22 @@ class Job:
     async def _watch_liveness(self) -> None:
         """Declare dead (and kill) workers that miss heartbeats or whose control stream stays
         closed; fail workers that do not join in time; end the job past the elastic timeout."""
-        interval = self.settings.heartbeat_interval
+        interval, grace = self.settings.heartbeat_interval, self.settings.stop_grace
         while True:
             await asyncio.sleep(min(interval, 0.25))
             now = self._clock()
             for worker in self._alive():
+                if worker.state is WorkerState.LEAVING:
+                    if worker.stream_closed_at and now - worker.stream_closed_at > grace:
+                        worker.process.terminate()  # left the job but lingers
+                    continue
                 if worker.exiting:
                     continue
                 if worker.registered and now - worker.last_heartbeat > MISSED_HEARTBEATS * interval:
                     self._declare_dead(worker, f"missed {MISSED_HEARTBEATS} heartbeats (hung?)")
-                elif (
-                    worker.stream_closed_at is not None and now - worker.stream_closed_at > interval
-                ):
+                elif worker.stream_closed_at is not None and now - worker.stream_closed_at > max(
+                    interval, grace
+                ):  # a crashing worker closes its stream, then takes a while to exit
                     self._declare_dead(worker, "closed its control stream")
                 elif not worker.joined and now - worker.launched_at > self.settings.start_timeout:
                     self._not_joined(worker)

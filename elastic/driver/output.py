@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import BinaryIO
 
 _CHUNK = 1 << 16

@@ -107,7 +107,8 @@ def _wait(work: dist.Work) -> None:
             return
         except RuntimeError as err:
             if "timed out" not in str(err).lower():
-                raise WorkerLostError(f"a collective of epoch {ctx.epoch} failed: {err}") from err
+                first = str(err).splitlines()[0].split(". ")[0][:200]
+                raise WorkerLostError(f"a collective of epoch {ctx.epoch} failed: {first}") from err
         reason = ctx.events.broken(ctx.epoch)
         if reason is not None:
             raise WorkerLostError(f"epoch {ctx.epoch} is broken: {reason}")

@@ -99,8 +99,7 @@ def rejoin() -> None:
     try:
         _enter_next_epoch(config, client, control, ctx.events, after_epoch=ctx.epoch)
     except NotMemberError:
-        control.close()
-        client.close()
+        _close(control, client)
         raise
 
 
@@ -110,15 +109,20 @@ def shutdown() -> None:
         return
     ctx = context.current()
     _, client, control = ctx.resources
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _close(control, client)
+    context.activate(None)
+
+
+def _close(control: ControlClient, client: DriverClient) -> None:
+    """Tell the driver this worker exits (its stream closing is no death), then disconnect."""
     try:
         control.leave("exit")
     except Exception as err:  # the driver may be gone already: nothing to tell it then
         log.debug("could not tell the driver this worker exits: %s", err)
-    if dist.is_initialized():
-        dist.destroy_process_group()
     control.close()
     client.close()
-    context.activate(None)
 
 
 def is_initialized() -> bool:

@@ -5,7 +5,8 @@ of the model: TorchState commits, restores and syncs it with everything else. Af
 `--epochs` epochs every sample must have been counted exactly `--epochs` times, however the
 job shrank, grew or rolled back meanwhile. Rank 0 writes `result.json` into `--out`.
 
-Prints `worker pid=P` at start, `step S epoch E size N rank R` per step, `done` at the end.
+Prints `worker pid=P` at start, `joined rank=R size=N pid=P` after `hvd.init()`,
+`step S epoch E size N rank R` per step and `done size N rank R` at the end.
 """
 
 from __future__ import annotations
@@ -22,6 +23,14 @@ import torch
 import elastic.torch as hvd
 
 
+def _first_to_create(path: str | None) -> bool:
+    try:
+        with open(path or os.devnull, "x" if path else "w"):
+            return True
+    except FileExistsError:
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -30,11 +39,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--commit-every", type=int, default=2)
     parser.add_argument("--step-delay", type=float, default=0.05)
-    parser.add_argument("--fail-at-step", type=int, default=-1, help="raise at this step")
+    parser.add_argument("--fail-at-step", type=int, default=-1, help="raise at this step...")
+    parser.add_argument("--fail-once-file", help="...once per job: the first to create this file")
     args = parser.parse_args()
 
     print(f"worker pid={os.getpid()}", flush=True)
     hvd.init()
+    print(f"joined rank={hvd.rank()} size={hvd.size()} pid={os.getpid()}", flush=True)
     torch.manual_seed(0)
     n, b = args.samples, args.batch
     data = torch.randn(n, 4)
@@ -55,7 +66,7 @@ def main() -> None:
             mine = list(state.sampler)
             shard = math.ceil(len(state.sampler.remaining_indices) / hvd.size())
             for k in range(math.ceil(shard / b)):  # the same count on every rank
-                if state.step == args.fail_at_step:
+                if state.step == args.fail_at_step and _first_to_create(args.fail_once_file):
                     raise ValueError(f"injected failure at step {state.step}")
                 idx = mine[k * b : (k + 1) * b]  # empty at the tail of a shorter shard
                 optimizer.zero_grad()

@@ -1,0 +1,239 @@
+"""Elastic mode with real processes: workers die, hang, leave and join while the job trains.
+
+Every job runs tests/workers/elastic_job.py, whose ranks count with an allreduce how often
+each sample was trained on; after E epochs every count must be exactly E, however the job
+shrank, grew or rolled back (the sampler's exactly-once accounting). Tests wait on lines the
+job prints, never on sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RunningJob, pids_alive, write_script
+
+JOB = Path(__file__).parent / "workers" / "elastic_job.py"
+HOSTS_FILE_SCRIPT = Path(__file__).parent.parent / "discovery_scripts" / "hosts_file.sh"
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def job_args(tmp_path: Path, *extra: str, epochs: int = 2) -> list[str]:
+    return [sys.executable, str(JOB), "--out", str(tmp_path), "--epochs", str(epochs), *extra]
+
+
+def ranks_to_pids(job: RunningJob, size: int) -> dict[int, int]:
+    pids = {}
+    for _ in range(size):
+        match = job.wait_for(r"joined rank=(\d+) size=\d+ pid=(\d+)")
+        job.lines.remove(match.string)  # so the next wait finds the next rank
+        pids[int(match.group(1))] = int(match.group(2))
+    return pids
+
+
+def assert_exactly_once(tmp_path: Path, epochs: int = 2) -> dict:
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert set(result["counts"]) == {float(epochs)}, "every sample trained on once per epoch"
+    return result
+
+
+def sizes_after(job: RunningJob, marker: str) -> set[int]:
+    after = job.output.split(marker, 1)[1]
+    return {int(size) for size in re.findall(r"step \d+ epoch \d+ size (\d+)", after)}
+
+
+@pytest.mark.parametrize("victim", [0, 1, 2], ids=["rank0", "middle", "last"])
+def test_a_killed_worker_leaves_the_job_training_at_a_smaller_size(
+    elasticrun, tmp_path: Path, victim: int
+) -> None:
+    job = elasticrun(
+        ["-np", "3", "--min-np", "1", "-H", "localhost:3", "--collective-timeout", "120",
+         "--blacklist-cooldown-range", "300", "300", *job_args(tmp_path)]
+    )  # fmt: skip
+    pids = ranks_to_pids(job, 3)
+    job.wait_for(r"step 6 ")
+    os.kill(pids[victim], signal.SIGKILL)
+    killed = time.monotonic()
+    job.wait_for(r"elasticrun: epoch 2: 2 worker\(s\)", timeout=30)
+    job.wait_for(r"step \d+ epoch \d+ size 2", timeout=30)
+    recovered = time.monotonic() - killed
+    assert job.finish(90) == 0, job.output
+    assert f"rank {victim} on host localhost was killed by signal SIGKILL" in job.output
+    assert recovered < 15, f"with a 120 s collective timeout, recovery took {recovered:.1f} s"
+    assert sizes_after(job, "epoch 2: 2 worker") == {2}
+    assert assert_exactly_once(tmp_path)["size"] == 2
+
+
+def test_a_hung_worker_is_declared_dead_and_killed(elasticrun, tmp_path: Path) -> None:
+    job = elasticrun(
+        ["-np", "3", "--min-np", "1", "-H", "localhost:3", "--heartbeat-interval", "0.5",
+         "--blacklist-cooldown-range", "300", "300", *job_args(tmp_path)]
+    )  # fmt: skip
+    pids = ranks_to_pids(job, 3)
+    job.wait_for(r"step 4 ")
+    os.kill(pids[1], signal.SIGSTOP)
+    stopped = time.monotonic()
+    job.wait_for(r"rank 1 on host localhost missed 3 heartbeats", timeout=30)
+    detected = time.monotonic() - stopped
+    assert job.finish(90) == 0, job.output
+    assert detected < 5, f"3 heartbeat intervals of 0.5 s, detected after {detected:.1f} s"
+    assert not pids_alive([pids[1]]), "the hung worker must be killed"
+    assert_exactly_once(tmp_path)
+
+
+def test_sigterm_makes_a_worker_leave_without_rollback_or_cooldown(
+    elasticrun, tmp_path: Path
+) -> None:
+    job = elasticrun(
+        ["-np", "3", "--min-np", "1", "-H", "localhost:3", *job_args(tmp_path)]
+    )  # fmt: skip
+    pids = ranks_to_pids(job, 3)
+    job.wait_for(r"step 4 ")
+    os.kill(pids[2], signal.SIGTERM)
+    job.wait_for(r"leaves the job: SIGTERM", timeout=30)
+    job.wait_for(r"step \d+ epoch \d+ size 2", timeout=30)
+    assert job.finish(90) == 0, job.output
+    assert "restoring the last commit" not in job.output, "a leave rolls nothing back"
+    assert "cooldown" not in job.output
+    assert not pids_alive([pids[2]])
+    assert_exactly_once(tmp_path)
+
+
+def write_hosts(path: Path, text: str) -> None:
+    staged = path.with_suffix(".new")
+    staged.write_text(text)
+    staged.replace(path)  # atomic: the discovery script never reads half a file
+
+
+def discovery_args() -> list[str]:
+    return [
+        "--host-discovery-script", str(HOSTS_FILE_SCRIPT), "--discovery-interval", "0.2",
+    ]  # fmt: skip
+
+
+def test_discovery_adds_a_host_and_the_job_grows(elasticrun, tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    write_hosts(hosts, "localhost:2\n")
+    job = elasticrun(
+        ["--min-np", "1", *discovery_args(), *job_args(tmp_path, "--samples", "480")],
+        env={"ELASTIC_HOSTS_FILE": str(hosts)},
+    )
+    job.wait_for(r"step 4 ")
+    write_hosts(hosts, "localhost:2\n127.0.0.1:1\n")
+    job.wait_for(r"elasticrun: epoch 2: 3 worker\(s\) on localhost:2, 127.0.0.1:1", timeout=60)
+    job.wait_for(r"step \d+ epoch \d+ size 3", timeout=60)
+    assert job.finish(90) == 0, job.output
+    assert "restoring the last commit" not in job.output
+    assert assert_exactly_once(tmp_path)["size"] == 3
+
+
+def test_discovery_removes_a_host_and_the_job_shrinks_without_rollback(
+    elasticrun, tmp_path: Path
+) -> None:
+    hosts = tmp_path / "hosts"
+    write_hosts(hosts, "localhost:2\n127.0.0.1:1\n")
+    job = elasticrun(
+        ["--min-np", "1", *discovery_args(), *job_args(tmp_path)],
+        env={"ELASTIC_HOSTS_FILE": str(hosts)},
+    )
+    job.wait_for(r"step 4 ")
+    write_hosts(hosts, "localhost:2\n")
+    job.wait_for(r"host 127.0.0.1 was removed by discovery", timeout=30)
+    job.wait_for(r"step \d+ epoch \d+ size 2", timeout=30)
+    assert job.finish(90) == 0, job.output
+    assert "restoring the last commit" not in job.output
+    assert assert_exactly_once(tmp_path)["size"] == 2
+
+
+@pytest.mark.parametrize(
+    ("script", "message"),
+    [
+        ("echo 'localhost:two'", "slot count in 'localhost:two' is not a number"),
+        ("exit 7", "exited with code 7"),
+        ("sleep 30", "did not finish within 1 s"),
+    ],
+    ids=["malformed", "failing", "hanging"],
+)
+def test_broken_discovery_keeps_the_last_good_hosts(
+    elasticrun, tmp_path: Path, script: str, message: str
+) -> None:
+    broken = tmp_path / "broken"
+    discover = write_script(
+        tmp_path,
+        "discover.sh",
+        f"#!/bin/sh\nif [ -e {broken} ]; then {script}; fi\necho localhost:2\n",
+    )
+    discover.chmod(0o755)
+    job = elasticrun(
+        ["--min-np", "2", "--host-discovery-script", str(discover),
+         "--discovery-interval", "0.2", "--discovery-timeout", "1", *job_args(tmp_path)]
+    )  # fmt: skip
+    job.wait_for(r"step 4 ")
+    broken.touch()
+    job.wait_for(re.escape(message), timeout=30)
+    assert job.finish(90) == 0, job.output
+    assert job.output.count(message) == 1, "a persisting problem is logged once"
+    assert assert_exactly_once(tmp_path)["size"] == 2
+
+
+def test_a_host_comes_back_after_its_cooldown(elasticrun, tmp_path: Path) -> None:
+    job = elasticrun(
+        ["-np", "2", "--min-np", "1", "-H", "localhost:2", "--blacklist-cooldown-range", "1", "1",
+         *job_args(tmp_path, "--samples", "480", "--epochs", "3")]
+    )  # fmt: skip
+    pids = ranks_to_pids(job, 2)
+    job.wait_for(r"step 4 ")
+    os.kill(pids[1], signal.SIGKILL)
+    job.wait_for(r"host localhost in cooldown", timeout=30)
+    job.wait_for(r"epoch 3: 2 worker\(s\) on localhost:2", timeout=60)
+    job.wait_for(r"step \d+ epoch \d+ size 2", timeout=30)
+    assert job.finish(90) == 0, job.output
+    assert_exactly_once(tmp_path, epochs=3)
+
+
+def test_the_reset_limit_ends_the_job_with_its_message(elasticrun, tmp_path: Path) -> None:
+    job = elasticrun(
+        ["-np", "2", "--min-np", "1", "-H", "localhost:2", "--reset-limit", "0",
+         *job_args(tmp_path)]
+    )  # fmt: skip
+    pids = ranks_to_pids(job, 2)
+    job.wait_for(r"step 4 ")
+    os.kill(pids[0], signal.SIGKILL)
+    assert job.finish(60) == 1
+    assert "reset limit reached: 0 re-rendezvous (--reset-limit)" in job.output
+
+
+def test_the_elastic_timeout_ends_a_job_with_too_few_workers(elasticrun, tmp_path: Path) -> None:
+    job = elasticrun(
+        ["-np", "2", "--min-np", "2", "-H", "localhost:2", "--elastic-timeout", "2",
+         "--blacklist-cooldown-range", "300", "300", *job_args(tmp_path)]
+    )  # fmt: skip
+    pids = ranks_to_pids(job, 2)
+    job.wait_for(r"step 4 ")
+    os.kill(pids[1], signal.SIGKILL)
+    assert job.finish(60) == 1
+    assert "fewer than --min-np 2 workers for 2 s (--elastic-timeout)" in job.output
+
+
+def test_an_exception_in_training_fails_that_worker_with_its_traceback(
+    elasticrun, tmp_path: Path
+) -> None:
+    job = elasticrun(
+        ["-np", "3", "--min-np", "1", "-H", "localhost:3",
+         "--blacklist-cooldown-range", "300", "300",
+         *job_args(tmp_path, "--fail-at-step", "5", "--fail-once-file", str(tmp_path / "once"))]
+    )  # fmt: skip
+    assert job.finish(90) == 0, job.output
+    stderr = r"\[\d\]<stderr>:(\[rank\d\]: )?"  # torch prefixes tracebacks with the rank
+    assert re.search(stderr + r"ValueError: injected failure at step 5", job.output)
+    assert re.search(stderr + r"Traceback \(most recent call last\):", job.output)
+    assert re.search(r"rank \d on host localhost exited with code 1", job.output)
+    assert assert_exactly_once(tmp_path)["size"] == 2
