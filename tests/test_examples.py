@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import processes_naming
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -30,3 +35,26 @@ def test_example_trains_and_rank0_reports_a_falling_loss(
     assert len(losses) == int(args[1])
     assert losses[-1] < losses[0]
     assert "[1]<stdout>:epoch" not in job.output, "only rank 0 prints"
+
+
+def test_elastic_example_survives_a_killed_worker(elasticrun) -> None:
+    script = EXAMPLES / "elastic_train.py"
+    job = elasticrun(
+        ["-np", "2", "--min-np", "1", "-H", "localhost:2", "--blacklist-cooldown-range", "60", "60",
+         sys.executable, str(script), "--epochs", "4", "--samples", "2048"]
+    )  # fmt: skip
+    job.wait_for(r"\[0\]<stdout>:epoch 1/4", timeout=120)
+    os.kill(_worker_with_rank(script, 1), signal.SIGKILL)
+    assert job.finish(180) == 0, job.output
+    assert "[0]<stdout>:epoch 4/4" in job.output
+    assert "on 1 worker(s)" in job.output
+
+
+def _worker_with_rank(script: Path, rank: int) -> int:
+    """The pid of the worker running `script` that started as `rank` (from its environment)."""
+    for pid in processes_naming(str(script)):
+        with contextlib.suppress(OSError):
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if f"ELASTIC_RANK={rank}".encode() in environ:
+                return pid
+    raise AssertionError(f"no worker of rank {rank} runs {script}")
