@@ -237,3 +237,39 @@ def test_an_exception_in_training_fails_that_worker_with_its_traceback(
     assert re.search(stderr + r"Traceback \(most recent call last\):", job.output)
     assert re.search(r"rank \d on host localhost exited with code 1", job.output)
     assert assert_exactly_once(tmp_path)["size"] == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("echo localhost:1", "discovery found 1 slot(s), fewer than --min-np 2"),
+        ("exit 3", "exited with code 3"),
+        ("sleep 30", "did not finish within 1 s"),
+    ],
+    ids=["too-few-slots", "failing", "hanging"],
+)
+def test_discovery_that_never_offers_enough_slots_fails_the_start(
+    elasticrun, tmp_path: Path, body: str, message: str
+) -> None:
+    discover = write_script(tmp_path, "discover.sh", f"#!/bin/sh\n{body}\n")
+    discover.chmod(0o755)
+    job = elasticrun(
+        ["--min-np", "2", "--host-discovery-script", str(discover), "--start-timeout", "3",
+         "--discovery-interval", "0.2", "--discovery-timeout", "1", *job_args(tmp_path)]
+    )  # fmt: skip
+    started = time.monotonic()
+    assert job.finish(30) == 1
+    assert time.monotonic() - started < 15
+    errors = [line for line in job.stderr if line.startswith("elasticrun: error:")]
+    assert len(errors) == 1 and "within 3 s (--start-timeout)" in errors[0], job.output
+    assert message in job.output
+    assert "Traceback" not in job.output
+
+
+def test_a_discovery_script_that_cannot_run_is_a_usage_error(elasticrun, tmp_path: Path) -> None:
+    job = elasticrun(["--min-np", "1", "--host-discovery-script", str(tmp_path / "nope"), "true"])
+    assert job.finish(30) == 2
+    assert job.lines == [
+        f"elasticrun: error: --host-discovery-script: discovery script {tmp_path / 'nope'} "
+        "does not exist"
+    ]
