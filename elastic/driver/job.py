@@ -33,6 +33,7 @@ from elastic.driver.hosts import HostSpec
 from elastic.driver.launch.base import Launcher, WorkerSpec
 from elastic.driver.launch.local import LocalLauncher
 from elastic.driver.launch.ssh import SshLauncher
+from elastic.driver.liveness import Limits, Verdict, judge
 from elastic.driver.network import interface_address, is_local, local_addresses, route_source
 from elastic.driver.output import OutputSink, pump
 from elastic.driver.planning import free_slots, next_members
@@ -47,7 +48,6 @@ from elastic.protocol.http import HostStatus, JobStatus, WorkerStatus
 
 log = logging.getLogger("elasticrun")
 
-MISSED_HEARTBEATS = 3
 PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
 
 
@@ -377,8 +377,10 @@ class Job:
             if not failed:
                 self._finish(0)
             elif self.elastic is not None:
-                last = failed[-1]
-                self._finish(last.exit_code or 1, "every worker of the job failed")
+                self._finish(
+                    failed[-1].exit_code or 1,
+                    f"{len(failed)} of the {len(members)} worker(s) of the last epoch failed",
+                )
 
     def _worker_failed(self, worker: Worker, reason: str) -> None:
         """`worker` died. Static: end the job with its code. Elastic: cool its host down,
@@ -400,6 +402,8 @@ class Job:
             self._reform(f"{where} {reason}")
         if not self._alive():
             self._finish(worker.exit_code or 1, "every worker of the job failed")
+        else:
+            self._scale()  # refill the slot at once if its host is not in cooldown
 
     def _host_failed(self, hostname: str, reason: str) -> None:
         update = self._tracker.host_failed(hostname, self._clock())
@@ -613,25 +617,19 @@ class Job:
     async def _watch_liveness(self) -> None:
         """Declare dead (and kill) workers that miss heartbeats or whose control stream stays
         closed; fail workers that do not join in time; end the job past the elastic timeout."""
-        interval, grace = self.settings.heartbeat_interval, self.settings.stop_grace
+        limits = Limits(
+            self.settings.heartbeat_interval, self.settings.stop_grace, self.settings.start_timeout
+        )
         while True:
-            await asyncio.sleep(min(interval, 0.25))
+            await asyncio.sleep(min(limits.heartbeat_interval, 0.25))
             now = self._clock()
-            for worker in self._alive():
-                if worker.state is WorkerState.LEAVING:
-                    if worker.stream_closed_at and now - worker.stream_closed_at > grace:
-                        worker.process.terminate()  # left the job but lingers
-                    continue
-                if worker.exiting:
-                    continue
-                if worker.registered and now - worker.last_heartbeat > MISSED_HEARTBEATS * interval:
-                    self._declare_dead(worker, f"missed {MISSED_HEARTBEATS} heartbeats (hung?)")
-                elif worker.stream_closed_at is not None and now - worker.stream_closed_at > max(
-                    interval, grace
-                ):  # a crashing worker closes its stream, then takes a while to exit
-                    self._declare_dead(worker, "closed its control stream")
-                elif not worker.joined and now - worker.launched_at > self.settings.start_timeout:
+            for worker, verdict in judge(self._workers.values(), now, limits):
+                if verdict is Verdict.LINGERING:
+                    worker.process.terminate()
+                elif verdict is Verdict.NOT_JOINED:
                     self._not_joined(worker)
+                else:
+                    self._declare_dead(worker, verdict.value)
             if self.elastic is not None and self._short_since is not None:
                 waited = now - self._short_since
                 if waited > self.elastic.elastic_timeout:

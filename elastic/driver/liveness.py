@@ -1,0 +1,55 @@
+"""Which live workers must be acted on, from their records and the time. Pure, no I/O."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from elastic.driver.workers import Worker, WorkerState
+
+MISSED_HEARTBEATS = 3
+
+
+class Verdict(enum.Enum):
+    HUNG = f"missed {MISSED_HEARTBEATS} heartbeats (hung?)"
+    STREAM_CLOSED = "closed its control stream"
+    NOT_JOINED = "did not join the rendezvous in time"
+    LINGERING = "left the job but has not exited"
+
+
+@dataclass(frozen=True)
+class Limits:
+    heartbeat_interval: float
+    stop_grace: float  # how long a closing or leaving worker may take to exit
+    start_timeout: float  # how long a started worker may take to join
+
+
+def judge(workers: Iterable[Worker], now: float, limits: Limits) -> list[tuple[Worker, Verdict]]:
+    """The live workers to act on, each with one verdict.
+
+    A registered worker is HUNG after `MISSED_HEARTBEATS` heartbeat intervals without one. A
+    worker whose control stream closed without it saying it exits is STREAM_CLOSED after
+    `max(heartbeat_interval, stop_grace)`: a crashing worker closes its stream first and takes
+    a while to exit, and its exit code says more. A worker that has not joined an epoch within
+    the start timeout is NOT_JOINED. A worker that left the job (it is no member) but still
+    runs `stop_grace` after closing its stream is LINGERING. Exiting workers are left alone.
+    """
+    interval = limits.heartbeat_interval
+    verdicts = []
+    for worker in workers:
+        if not worker.state.alive or worker.process is None:
+            continue
+        closed_for = now - worker.stream_closed_at if worker.stream_closed_at is not None else None
+        if worker.state is WorkerState.LEAVING:
+            if closed_for is not None and closed_for > limits.stop_grace:
+                verdicts.append((worker, Verdict.LINGERING))
+        elif worker.exiting:
+            continue
+        elif worker.registered and now - worker.last_heartbeat > MISSED_HEARTBEATS * interval:
+            verdicts.append((worker, Verdict.HUNG))
+        elif closed_for is not None and closed_for > max(interval, limits.stop_grace):
+            verdicts.append((worker, Verdict.STREAM_CLOSED))
+        elif not worker.joined and now - worker.launched_at > limits.start_timeout:
+            verdicts.append((worker, Verdict.NOT_JOINED))
+    return verdicts

@@ -1,0 +1,75 @@
+"""The driver's liveness verdicts: pure, from worker records and the time."""
+
+from __future__ import annotations
+
+import pytest
+
+from elastic.driver.liveness import MISSED_HEARTBEATS, Limits, Verdict, judge
+from elastic.driver.workers import Worker, WorkerState
+
+LIMITS = Limits(heartbeat_interval=1.0, stop_grace=5.0, start_timeout=30.0)
+STARTED = object()  # stands for a started process: judge only asks whether there is one
+
+
+def worker(**fields) -> Worker:
+    record = Worker("w", "host", 0, process=STARTED)  # type: ignore[arg-type]
+    record.state = WorkerState.MEMBER
+    record.registered = True
+    record.joined = True
+    record.last_heartbeat = 100.0
+    for name, value in fields.items():
+        setattr(record, name, value)
+    return record
+
+
+def verdict(record: Worker, now: float) -> Verdict | None:
+    found = judge([record], now, LIMITS)
+    return found[0][1] if found else None
+
+
+def test_a_healthy_worker_gets_no_verdict() -> None:
+    assert verdict(worker(), 100.5) is None
+
+
+def test_missed_heartbeats_make_a_worker_hung_only_after_three_intervals() -> None:
+    assert verdict(worker(), 100.0 + MISSED_HEARTBEATS * 1.0) is None
+    assert verdict(worker(), 100.0 + MISSED_HEARTBEATS * 1.0 + 0.01) is Verdict.HUNG
+
+
+def test_an_unregistered_worker_is_not_judged_by_heartbeats() -> None:
+    assert verdict(worker(registered=False, last_heartbeat=0.0), 100.0) is None
+
+
+def test_a_closed_stream_waits_for_the_exit_for_the_grace_period() -> None:
+    closed = worker(stream_closed_at=100.0, last_heartbeat=105.0)  # heartbeats go on
+    assert verdict(closed, 104.0) is None  # closed 4 s ago: it may still exit by itself
+    assert verdict(closed, 105.5) is Verdict.STREAM_CLOSED
+
+
+def test_a_worker_that_said_it_exits_is_left_alone() -> None:
+    assert verdict(worker(exiting=True, stream_closed_at=0.0, last_heartbeat=0.0), 100.0) is None
+
+
+def test_a_leaving_worker_lingering_past_the_grace_is_reported() -> None:
+    leaving = worker(state=WorkerState.LEAVING, stream_closed_at=100.0, last_heartbeat=0.0)
+    assert verdict(leaving, 104.0) is None
+    assert verdict(leaving, 105.5) is Verdict.LINGERING
+
+
+def test_a_worker_that_never_joins_fails_the_start_timeout() -> None:
+    late = worker(state=WorkerState.LAUNCHING, joined=False, registered=False, launched_at=0.0)
+    assert verdict(late, 29.0) is None
+    assert verdict(late, 30.5) is Verdict.NOT_JOINED
+
+
+@pytest.mark.parametrize("state", [WorkerState.EXITED, WorkerState.FAILED, WorkerState.STOPPED])
+def test_ended_workers_are_never_judged(state: WorkerState) -> None:
+    assert verdict(worker(state=state, last_heartbeat=0.0), 1000.0) is None
+
+
+def test_a_worker_not_yet_started_is_never_judged() -> None:
+    assert verdict(worker(process=None, joined=False, launched_at=0.0), 1000.0) is None
+
+
+def test_hung_wins_over_a_closed_stream() -> None:
+    assert verdict(worker(stream_closed_at=100.0, last_heartbeat=90.0), 106.0) is Verdict.HUNG
