@@ -15,32 +15,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from elastic.protocol.http import SlotInfo
 from elastic.state import ElasticSampler, ObjectState, State, TorchState
 from elastic.state.sampler import merge_sampler_states
 from elastic.worker import context
 from elastic.worker.collectives import Max, Sum, allreduce
 from elastic.worker.errors import HostsUpdatedInterrupt, WorkerLostError
 from elastic.worker.membership import HostsUpdate, MembershipEvents
-from tests.worker_group import run_group
+from tests.worker_group import activate_on_one_host, run_group
 
 N = 101  # samples in the sampler tests: not divisible by 2, 3 or the batch size
 BATCH = 3
 
 
 def _activate(rank: int, size: int, epoch: int, group: Any) -> context.WorkerContext:
-    slot = SlotInfo(
-        hostname="localhost",
-        rank=rank,
-        local_rank=rank,
-        cross_rank=0,
-        size=size,
-        local_size=size,
-        cross_size=1,
-    )
-    ctx = context.WorkerContext(slot=slot, epoch=epoch, group=group, device=torch.device("cpu"))
-    context.activate(ctx)
-    return ctx
+    return activate_on_one_host(rank, size, epoch, group)
 
 
 def _plain(value: Any) -> Any:

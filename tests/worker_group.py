@@ -26,6 +26,28 @@ class WorkerGroupError(AssertionError):
     """A rank raised, exited without a result, or the group ran past its timeout."""
 
 
+def activate_on_one_host(rank: int, size: int, epoch: int, group: Any) -> Any:
+    """Install (and return) a worker context for `rank` of `size` workers, all on "localhost",
+    over `group`. Imports lazily, like the rest of this module, to keep the parent light."""
+    import torch
+
+    from elastic.protocol.http import SlotInfo
+    from elastic.worker import context
+
+    slot = SlotInfo(
+        hostname="localhost",
+        rank=rank,
+        local_rank=rank,
+        cross_rank=0,
+        size=size,
+        local_size=size,
+        cross_size=1,
+    )
+    ctx = context.WorkerContext(slot=slot, epoch=epoch, group=group, device=torch.device("cpu"))
+    context.activate(ctx)
+    return ctx
+
+
 def _rank_main(
     fn: Callable[..., Any],
     rank: int,
@@ -37,7 +59,6 @@ def _rank_main(
     import torch
     import torch.distributed as dist
 
-    from elastic.protocol.http import SlotInfo
     from elastic.worker import context
 
     torch.set_num_threads(1)
@@ -46,20 +67,9 @@ def _rank_main(
         dist.init_process_group(
             "gloo", store=store, rank=rank, world_size=size, timeout=timedelta(seconds=60)
         )
-        slot = SlotInfo(
-            hostname="localhost",
-            rank=rank,
-            local_rank=rank,
-            cross_rank=0,
-            size=size,
-            local_size=size,
-            cross_size=1,
-        )
         group = dist.group.WORLD
         assert group is not None
-        context.activate(
-            context.WorkerContext(slot=slot, epoch=1, group=group, device=torch.device("cpu"))
-        )
+        activate_on_one_host(rank, size, epoch=1, group=group)
         outcome: dict[str, Any] = {"result": fn(*args)}
     except BaseException:
         outcome = {"error": traceback.format_exc()}

@@ -7,11 +7,11 @@ import time
 from typing import TypeVar
 
 import httpx
-import tenacity
 from pydantic import BaseModel
 
 from elastic.protocol.env import AUTH_SCHEME
 from elastic.protocol.http import JoinRequest, JoinResponse, SlotInfo
+from elastic.worker.retries import bounded_retries
 
 Response = TypeVar("Response", bound=BaseModel)
 
@@ -60,12 +60,7 @@ class DriverClient:
         self, path: str, body: BaseModel, response: type[Response], wait: float = 0.0
     ) -> Response:
         """POST `body` and parse the answer; `wait` is how long the server may hold the call."""
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(_retryable),
-            stop=tenacity.stop_after_delay(self._retry_for),
-            wait=tenacity.wait_exponential(multiplier=0.05, max=2.0),
-            reraise=True,
-        )
+        retrying = bounded_retries(self._retry_for, _retryable)
         try:
             for attempt in retrying:
                 with attempt:

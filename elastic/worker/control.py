@@ -17,12 +17,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
-import tenacity
 
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
 from elastic.protocol.env import AUTH_SCHEME
 from elastic.worker.membership import HostsUpdate, MembershipEvents
+from elastic.worker.retries import bounded_retries
 
 log = logging.getLogger(__name__)
 
@@ -230,12 +230,7 @@ class ControlClient:
 
     def _call(self, method: Callable[..., Answer], request: Any) -> Answer:
         """One unary call with tenacity retries of transient failures for `retry_for` s."""
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(_retryable),
-            stop=tenacity.stop_after_delay(self._retry_for),
-            wait=tenacity.wait_exponential(multiplier=0.05, max=2.0),
-            reraise=True,
-        )
+        retrying = bounded_retries(self._retry_for, _retryable)
         try:
             for attempt in retrying:
                 with attempt:
