@@ -180,14 +180,14 @@ def test_a_job_outlives_its_start_timeout_once_everyone_joined(elasticrun, tmp_p
     script = write_script(
         tmp_path,
         "long.py",
-        "import time\n"
+        "import os, time\n"
         "import elastic.torch as hvd\n"
         "hvd.init()\n"
         "print(f'joined {hvd.rank()}', flush=True)\n"
-        "time.sleep(6)\n"
+        "time.sleep(float(os.environ['ELASTIC_START_TIMEOUT']) + 1)  # past it for sure\n"
         "print(f'done {hvd.rank()}', flush=True)\n",
     )
-    job = elasticrun(["-np", "2", "--start-timeout", "4", sys.executable, str(script)])
+    job = elasticrun(["-np", "2", "--start-timeout", "10", sys.executable, str(script)])
     assert job.finish(60) == 0, job.output
     assert "[0]<stdout>:done 0" in job.lines and "[1]<stdout>:done 1" in job.lines
 

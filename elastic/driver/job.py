@@ -7,7 +7,6 @@ and the first failure ends it. An elastic job re-forms after every failure, join
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -29,12 +28,10 @@ from elastic.driver.discovery import (
     ScriptDiscovery,
 )
 from elastic.driver.errors import LaunchError, UsageError
+from elastic.driver.host_access import HostAccess
 from elastic.driver.hosts import HostSpec
-from elastic.driver.launch.base import Launcher, WorkerSpec
-from elastic.driver.launch.local import LocalLauncher
-from elastic.driver.launch.ssh import SshLauncher
+from elastic.driver.launch.base import WorkerSpec
 from elastic.driver.liveness import Limits, Verdict, judge
-from elastic.driver.network import interface_address, is_local, local_addresses, route_source
 from elastic.driver.output import OutputSink, pump
 from elastic.driver.planning import free_slots, next_members
 from elastic.driver.rendezvous import Rendezvous
@@ -42,7 +39,7 @@ from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.services import Services
 from elastic.driver.settings import Settings
 from elastic.driver.state.memory import MemoryKeyValueStore
-from elastic.driver.workers import Worker, WorkerState
+from elastic.driver.workers import Worker, WorkerState, stop_workers
 from elastic.protocol import env as worker_env
 from elastic.protocol.http import HostStatus, JobStatus, WorkerStatus
 
@@ -79,11 +76,7 @@ class Job:
         self._rendezvous = Rendezvous(on_wait=self._on_wait, on_join=self._on_join)
         self._workers: dict[str, Worker] = {}
         self._queues: dict[str, asyncio.Queue[ControlEvent]] = {}
-        self._local_addresses = local_addresses()
-        self._locality: dict[str, bool] = {}
-        self._reachable: set[str] = set()
-        self._local_launcher = LocalLauncher()
-        self._ssh_launcher = SshLauncher(settings.ssh, settings.stop_grace)
+        self._hosts = HostAccess(settings.ssh, settings.stop_grace, settings.start_timeout)
         self._serial = 0
         self._resets = 0
         self._finishing = False
@@ -112,7 +105,7 @@ class Job:
     async def run(self) -> int:
         self._result = asyncio.get_running_loop().create_future()
         hosts = await self._first_hosts()
-        address = self._bind_address(hosts)
+        address = self._hosts.bind_address(hosts, self.settings.network_interface)
         http = HttpServer(
             create_app(Services(self._token, self._kv, self._rendezvous, self.status)), address
         )
@@ -132,7 +125,7 @@ class Job:
         finally:
             for task in self._tasks:
                 task.cancel()
-            await self._stop_all()
+            await stop_workers(self._workers.values(), self.settings.stop_grace)
             await asyncio.gather(*self._pumps, return_exceptions=True)
             await control.stop(grace=0.5)
             await http.stop()
@@ -172,7 +165,7 @@ class Job:
         needed = self.elastic.min_np
         while True:
             await self._discover_once()
-            usable = [h for h in self._tracker.hosts if self._usable(h.hostname)]
+            usable = [h for h in self._tracker.hosts if self._hosts.usable(h.hostname)]
             slots = sum(h.slots for h in usable)
             if slots >= needed:
                 return usable
@@ -199,7 +192,7 @@ class Job:
         places = free_slots(hosts, {}, wanted)
         if self.elastic is None and len(places) < wanted:
             raise UsageError(f"-np {wanted} is larger than the {len(places)} slot(s) available")
-        await self._check_reachable({hostname for hostname, _ in places}, fatal=True)
+        await self._hosts.check_reachable({hostname for hostname, _ in places}, fatal=True)
         workers = [self._new_worker(hostname, slot) for hostname, slot in places]
         self._rendezvous.form([(w.worker_id, w.hostname) for w in workers])
         for worker in workers:
@@ -211,52 +204,6 @@ class Job:
         )
 
     # --- launching -------------------------------------------------------------------------
-
-    def _is_local(self, hostname: str) -> bool:
-        if hostname not in self._locality:
-            self._locality[hostname] = is_local(hostname, self._local_addresses)
-        return self._locality[hostname]
-
-    def _usable(self, hostname: str) -> bool:
-        """False (and logged) for a discovered host name that does not resolve."""
-        try:
-            self._is_local(hostname)
-        except UsageError as err:
-            if hostname not in self._locality:
-                self._locality[hostname] = False
-                log.error("ignoring discovered host: %s", err)
-            return False
-        return True
-
-    def _bind_address(self, hosts: list[HostSpec]) -> str:
-        if self.settings.network_interface:
-            return interface_address(self.settings.network_interface)
-        remote = [h.hostname for h in hosts if not self._is_local(h.hostname)]
-        return route_source(remote[0]) if remote else "127.0.0.1"
-
-    def _launcher(self, hostname: str) -> Launcher:
-        return self._local_launcher if self._is_local(hostname) else self._ssh_launcher
-
-    async def _check_reachable(self, hostnames: set[str], fatal: bool) -> set[str]:
-        """Check ssh to the remote hosts not checked yet; return the unreachable ones.
-
-        With `fatal`, the first unreachable host raises `LaunchError`.
-        """
-        remote = sorted(h for h in hostnames if not self._is_local(h) and h not in self._reachable)
-        timeout = self.settings.start_timeout
-        checks = [self._ssh_launcher.check_reachable(h, timeout) for h in remote]
-        failed = set()
-        for hostname, result in zip(
-            remote, await asyncio.gather(*checks, return_exceptions=True), strict=True
-        ):
-            if isinstance(result, BaseException):
-                if fatal or not isinstance(result, LaunchError):
-                    raise result
-                log.error("%s", result)
-                failed.add(hostname)
-            else:
-                self._reachable.add(hostname)
-        return failed
 
     def _new_worker(self, hostname: str, host_slot: int) -> Worker:
         self._serial += 1
@@ -318,7 +265,7 @@ class Job:
             cwd=os.getcwd(),
         )
         try:
-            worker.process = await self._launcher(worker.hostname).launch(spec)
+            worker.process = await self._hosts.launcher(worker.hostname).launch(spec)
         except LaunchError as err:
             if self.elastic is None:
                 raise
@@ -482,13 +429,13 @@ class Job:
             occupied.setdefault(worker.hostname, set()).add(worker.host_slot)
         cap = self.elastic.max_np
         wanted = (cap - len(alive)) if cap is not None else 1 << 30
-        hosts = [h for h in self._tracker.hosts if self._usable(h.hostname)]
+        hosts = [h for h in self._tracker.hosts if self._hosts.usable(h.hostname)]
         places = free_slots(hosts, occupied, wanted)
         if places:
             self._spawn(self._grow(places))
 
     async def _grow(self, places: list[tuple[str, int]]) -> None:
-        unreachable = await self._check_reachable({h for h, _ in places}, fatal=False)
+        unreachable = await self._hosts.check_reachable({h for h, _ in places}, fatal=False)
         for hostname in unreachable:
             self._host_failed(hostname, "unreachable through ssh")
         started = []
@@ -698,29 +645,6 @@ class Job:
                     self._hosts_changed(update.change)
 
     # --- stopping ------------------------------------------------------------------------
-
-    async def _stop_all(self) -> None:
-        """SIGTERM every running worker, SIGKILL those still running after the grace period."""
-        running = [
-            w for w in self._workers.values() if w.process is not None and w.exit_code is None
-        ]
-        if not running:
-            return
-        for worker in running:
-            worker.process.terminate()
-        waits = [asyncio.ensure_future(w.process.wait()) for w in running]
-        _, late = await asyncio.wait(waits, timeout=self.settings.stop_grace)
-        if late:
-            for worker, task in zip(running, waits, strict=True):
-                if task in late:
-                    worker.process.kill()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*late), timeout=self.settings.stop_grace)
-        for worker, task in zip(running, waits, strict=True):
-            if task.done() and not task.cancelled():
-                worker.exit_code = task.result()
-            if worker.state.alive:
-                worker.state = WorkerState.STOPPED
 
     # --- status --------------------------------------------------------------------------
 

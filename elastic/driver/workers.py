@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from elastic.driver.launch.base import WorkerProcess
@@ -38,3 +41,26 @@ class Worker:
     launched_at: float = 0.0
     last_heartbeat: float = 0.0
     stream_closed_at: float | None = None
+
+
+async def stop_workers(workers: Iterable[Worker], grace: float) -> None:
+    """SIGTERM every running worker, SIGKILL those still running `grace` seconds later, and
+    wait (up to another `grace`) for them; live records become STOPPED."""
+    running = [w for w in workers if w.process is not None and w.exit_code is None]
+    if not running:
+        return
+    for worker in running:
+        worker.process.terminate()
+    waits = [asyncio.ensure_future(w.process.wait()) for w in running]
+    _, late = await asyncio.wait(waits, timeout=grace)
+    if late:
+        for worker, task in zip(running, waits, strict=True):
+            if task in late:
+                worker.process.kill()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*late), timeout=grace)
+    for worker, task in zip(running, waits, strict=True):
+        if task.done() and not task.cancelled():
+            worker.exit_code = task.result()
+        if worker.state.alive:
+            worker.state = WorkerState.STOPPED
