@@ -122,13 +122,16 @@ def discovery_args() -> list[str]:
 def test_discovery_adds_a_host_and_the_job_grows(elasticrun, tmp_path: Path) -> None:
     hosts = tmp_path / "hosts"
     write_hosts(hosts, "localhost:2\n")
+    go = tmp_path / "go"
     job = elasticrun(
-        ["--min-np", "1", *discovery_args(), *job_args(tmp_path, "--samples", "480")],
+        ["--min-np", "1", *discovery_args(),
+         *job_args(tmp_path, "--hold-at-step", "8", "--hold-file", str(go))],
         env={"ELASTIC_HOSTS_FILE": str(hosts)},
-    )
+    )  # fmt: skip
     job.wait_for(r"step 4 ")
     write_hosts(hosts, "localhost:2\n127.0.0.1:1\n")
     job.wait_for(r"elasticrun: epoch 2: 3 worker\(s\) on localhost:2, 127.0.0.1:1", timeout=60)
+    go.touch()  # the joiner waits at the rendezvous: let the incumbents reach their commit
     job.wait_for(r"step \d+ epoch \d+ size 3", timeout=60)
     assert job.finish(90) == 0, job.output
     assert "restoring the last commit" not in job.output
@@ -140,13 +143,16 @@ def test_discovery_removes_a_host_and_the_job_shrinks_without_rollback(
 ) -> None:
     hosts = tmp_path / "hosts"
     write_hosts(hosts, "localhost:2\n127.0.0.1:1\n")
+    go = tmp_path / "go"
     job = elasticrun(
-        ["--min-np", "1", *discovery_args(), *job_args(tmp_path)],
+        ["--min-np", "1", *discovery_args(),
+         *job_args(tmp_path, "--hold-at-step", "8", "--hold-file", str(go))],
         env={"ELASTIC_HOSTS_FILE": str(hosts)},
-    )
+    )  # fmt: skip
     job.wait_for(r"step 4 ")
     write_hosts(hosts, "localhost:2\n")
     job.wait_for(r"host 127.0.0.1 was removed by discovery", timeout=30)
+    go.touch()
     job.wait_for(r"step \d+ epoch \d+ size 2", timeout=30)
     assert job.finish(90) == 0, job.output
     assert "restoring the last commit" not in job.output
@@ -185,15 +191,17 @@ def test_broken_discovery_keeps_the_last_good_hosts(
 
 
 def test_a_host_comes_back_after_its_cooldown(elasticrun, tmp_path: Path) -> None:
+    go = tmp_path / "go"
     job = elasticrun(
         ["-np", "2", "--min-np", "1", "-H", "localhost:2", "--blacklist-cooldown-range", "1", "1",
-         *job_args(tmp_path, "--samples", "480", "--epochs", "3")]
+         *job_args(tmp_path, "--epochs", "3", "--hold-at-step", "10", "--hold-file", str(go))]
     )  # fmt: skip
     pids = ranks_to_pids(job, 2)
     job.wait_for(r"step 4 ")
     os.kill(pids[1], signal.SIGKILL)
     job.wait_for(r"host localhost in cooldown", timeout=30)
     job.wait_for(r"epoch 3: 2 worker\(s\) on localhost:2", timeout=60)
+    go.touch()
     job.wait_for(r"step \d+ epoch \d+ size 2", timeout=30)
     assert job.finish(90) == 0, job.output
     assert_exactly_once(tmp_path, epochs=3)

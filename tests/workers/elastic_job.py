@@ -31,6 +31,15 @@ def _first_to_create(path: str | None) -> bool:
         return False
 
 
+def _wait_for_file(path: str | None, timeout: float = 60.0) -> None:
+    """Hold training here until `path` exists: tests release it once the event they wait for
+    (a joiner ready, a host removed) has happened, so the job cannot finish before it."""
+    print(f"holding for {path}", flush=True)
+    deadline = time.monotonic() + timeout
+    while path and not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -41,6 +50,8 @@ def main() -> None:
     parser.add_argument("--step-delay", type=float, default=0.05)
     parser.add_argument("--fail-at-step", type=int, default=-1, help="raise at this step...")
     parser.add_argument("--fail-once-file", help="...once per job: the first to create this file")
+    parser.add_argument("--hold-at-step", type=int, default=-1, help="wait at this step...")
+    parser.add_argument("--hold-file", help="...until this file exists (a test's go-ahead)")
     args = parser.parse_args()
 
     print(f"worker pid={os.getpid()}", flush=True)
@@ -85,6 +96,8 @@ def main() -> None:
                     flush=True,
                 )
                 time.sleep(args.step_delay)
+                if state.step == args.hold_at_step:
+                    _wait_for_file(args.hold_file)
                 if state.step % args.commit_every == 0:
                     state.commit()
             state.epoch += 1
