@@ -147,6 +147,8 @@ class Job:
 
     def _finish(self, code: int, message: str | None = None) -> None:
         """End the job with `code` (the first call wins), logging `message`."""
+        self._finishing = True  # no more re-forms or launches while the job ends
+        self._rendezvous.close()  # workers re-joining now are told to leave
         if self._result is not None and not self._result.done():
             if message:
                 (log.error if code else log.info)("%s", message)

@@ -40,12 +40,24 @@ def init() -> None:
         retry_for=config.start_timeout,
     )
     control.start()
+    if config.elastic:
+        _warm_up()
     try:
         _enter_next_epoch(config, client, control, events, after_epoch=0)
     except BaseException:
         control.close()
         client.close()
         raise
+
+
+def _warm_up() -> None:
+    """Pay torch's lazy start-up costs before joining: the first optimizer built in a process
+    imports `torch._dynamo` (1.5 s on a small machine). A worker joining a running job does
+    this before the incumbents are interrupted for it, so they stall for a re-form and a state
+    sync, not for the joiner's imports."""
+    import torch
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
 def _enter_next_epoch(

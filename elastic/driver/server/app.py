@@ -54,7 +54,9 @@ class HttpServer:
 
     def __init__(self, app: FastAPI, host: str, port: int = 0) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when
+        # the listening socket says TCP; without it each answer waits ~40 ms for a delayed ACK.
+        self._socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.host = host

@@ -1,0 +1,762 @@
+"""Elastic recovery: elasticrun against torchrun when a worker joins and when one dies.
+
+    python -m bench.elastic_recovery --trials 5
+
+Every trial runs the same scenario once per system, the systems interleaved per trial (in a
+rotating order) so that machine noise hits them alike:
+
+1. launch 2 workers on two local host names: elasticrun with a discovery file listing
+   `localhost:1` and `127.0.0.1:1` (`--min-np 1 --max-np 3 --discovery-interval 0.2`);
+   torchrun as one agent per simulated node, 2 agents with `--nnodes=1:3 --nproc-per-node=1`
+   and a c10d rendezvous on loopback (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`: without it,
+   torch 2.13's agents re-read stale rendezvous keys after a restart and a new node cannot
+   join);
+2. once it trains, add a slot: a third host name in the discovery file (this machine's
+   hostname when it resolves to a local address, else `localhost:2` in place of
+   `localhost:1`), or a third torchrun agent;
+3. once it trains at size 3, SIGKILL the worker process of rank 1 (never rank 0, never an
+   agent or the driver);
+4. once it trains again, SIGTERM every launcher started (by PID), and make sure that no
+   process naming the trial's folder is left (a /proc scan; leftovers are SIGKILLed and
+   reported).
+
+The workloads (`bench/workloads/`) train the same MLP on the same data, ~20 ms of compute per
+step, and print every step of every rank with a `time.time()` stamp; elasticrun's commits in
+memory every 5 steps, torchrun's rank 0 checkpoints to a file every 5 steps and every
+(re)started worker resumes from that file. Metrics per trial:
+
+* `launch_to_first_step_s`: launch to the first step at size 2;
+* `scale_up_s`: discovery change (elasticrun) or third agent's start (torchrun) to the first
+  step at size 3;
+* `incumbent_stall_s`: the longest gap between consecutive steps of rank 0 or rank 1 from
+  their last step before the scale-up to their first step at size 3 (elasticrun's target is
+  0.5 s at most); `step_interval_s` is the median gap at size 2, for comparison;
+* `scale_up_steps_lost`: last step printed before the first step at size 3 minus the step the
+  size-3 job resumes from (torchrun restarts from its checkpoint; elasticrun re-forms at a
+  commit);
+* `recovery_s`: SIGKILL to the first step completed after it by the re-formed job
+  (elasticrun: at size 2; torchrun restarts the whole group, at size 3 again);
+* `steps_lost`: last step printed before the SIGKILL minus the step the job resumes from.
+
+Every wait has a timeout: a trial that hangs is recorded as failed with its reason. The
+milestones of each phase (driver log lines, timestamped on arrival, and the workers' own
+timestamped events) are reported relative to the trigger, to show where the time goes. Each
+trial's full transcript goes to bench/results/elastic_recovery/. The JSON document goes to
+stdout and to bench/results/elastic_recovery.json; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+ELASTIC_WORKLOAD = ROOT / "bench" / "workloads" / "tiny_elastic.py"
+TORCHRUN_WORKLOAD = ROOT / "bench" / "workloads" / "tiny_torchrun.py"
+HOSTS_FILE_SCRIPT = ROOT / "discovery_scripts" / "hosts_file.sh"
+
+SYSTEMS = ["elasticrun", "torchrun_tuned", "torchrun_default"]
+TUNED_RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,join_timeout=60"
+TUNED_MONITOR_INTERVAL = "0.1"
+COMMIT_EVERY = 5
+WORKER_MAX_SECONDS = 240.0  # the workers' safety timer: no worker outlives a killed benchmark
+
+# Timeouts (s) of the waits of one trial.
+LAUNCH_TIMEOUT = 90.0  # torchrun's default last call alone is 30 s
+STEADY_TIMEOUT = 30.0
+SCALE_UP_TIMEOUT = 60.0
+RECOVERY_TIMEOUT = 60.0
+STOP_TIMEOUT = 15.0  # SIGTERM to SIGKILL for the launchers
+LEFTOVER_TIMEOUT = 5.0  # launchers gone: how long their workers may take to go too
+STEADY_STEPS = 10  # steps to see at a size before acting
+
+LINE = re.compile(r"\b(step|enter) (\d+) size (\d+) rank (\d+) pid (\d+) t (\d+\.\d+)")
+STAMP = re.compile(r"\bt (\d{9,}\.\d+)")
+PID = re.compile(r"\bpid (\d+)")
+
+# Milestones of each phase: (label, pattern, stamp). "worker" lines carry their own
+# time.time() stamp; "arrival" lines (the launchers' logs) are stamped when read here.
+SCALE_UP_MILESTONES = {
+    "elasticrun": [
+        ("driver: hosts available", r"elasticrun: hosts available", "arrival"),
+        ("driver: launched joiner", r"elasticrun: launched \d+ worker", "arrival"),
+        ("joiner: process up", r"event process up", "worker"),
+        ("joiner: python + imports done", r"event started", "worker"),
+        ("driver: epoch at size 3 formed", r"elasticrun: epoch \d+: 3 worker", "arrival"),
+        ("incumbent: entered new epoch", r"event reset size 3", "worker"),
+        ("joiner: hvd.init() done (epoch formed)", r"event initialized size 3", "worker"),
+        ("joiner: model + optimizer built", r"event ready size 3", "worker"),
+        ("state synced, training entered", r"enter \d+ size 3", "worker"),
+        ("first step at size 3", r"step \d+ size 3", "worker"),
+    ],
+    "torchrun": [
+        ("agent: new node detected", r"Detected \d+ new nodes", "arrival"),
+        ("agents: old group stopped", r"closing signal SIGTERM", "arrival"),
+        ("agents: rendezvous complete", r"Rendezvous complete for workers", "arrival"),
+        ("new worker: process up", r"event process up", "worker"),
+        ("new worker: python + imports done", r"event started", "worker"),
+        ("new worker: init_process_group done", r"event initialized size 3", "worker"),
+        ("new worker: model + optimizer built", r"event ready size 3", "worker"),
+        ("checkpoint loaded, DDP built", r"enter \d+ size 3", "worker"),
+        ("first step at size 3", r"step \d+ size 3", "worker"),
+    ],
+}
+RECOVERY_MILESTONES = {
+    "elasticrun": [
+        ("survivor: collective failed", r"elastic: rank \d+: .*failed", "worker"),
+        ("driver: saw the death", r"elasticrun: rank \d+ .*killed by signal", "arrival"),
+        ("driver: epoch at size 2 formed", r"elasticrun: epoch \d+: 2 worker", "arrival"),
+        ("survivor: entered new epoch", r"event reset size 2", "worker"),
+        ("state restored+synced, training entered", r"enter \d+ size 2", "worker"),
+        ("first step at size 2", r"step \d+ size 2", "worker"),
+    ],
+    "torchrun": [
+        ("agent: saw the death", r"failed \(exitcode: -9\)", "arrival"),
+        ("agents: rendezvous complete", r"Rendezvous complete for workers", "arrival"),
+        ("new worker: process up", r"event process up", "worker"),
+        ("new worker: python + imports done", r"event started", "worker"),
+        ("new worker: init_process_group done", r"event initialized", "worker"),
+        ("new worker: model + optimizer built", r"event ready", "worker"),
+        ("checkpoint loaded, DDP built", r"enter \d+ size", "worker"),
+        ("first step after restart", r"step \d+ size", "worker"),
+    ],
+}
+METRICS = [
+    "launch_to_first_step_s",
+    "scale_up_s",
+    "incumbent_stall_s",
+    "step_interval_s",
+    "scale_up_steps_lost",
+    "recovery_s",
+    "steps_lost",
+]
+
+
+class TrialFailed(Exception):
+    pass
+
+
+@dataclass
+class Step:
+    kind: str  # "step" or "enter"
+    step: int
+    size: int
+    rank: int
+    pid: int
+    t: float
+
+
+@dataclass
+class Line:
+    source: str
+    text: str
+    arrived: float  # time.time() when read here
+    stamp: float | None  # the worker's own time.time(), when the line carries one
+
+
+class Output:
+    """The lines of one trial's processes, parsed as they arrive (reader threads feed it)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.lines: list[Line] = []
+        self.steps: list[Step] = []  # "step" lines
+        self.enters: list[Step] = []  # "enter" lines
+
+    def feed(self, source: str, text: str) -> None:
+        arrived = time.time()
+        stamp = STAMP.search(text)
+        with self.cond:
+            self.lines.append(Line(source, text, arrived, float(stamp[1]) if stamp else None))
+            if match := LINE.search(text):
+                kind, step, size, rank, pid, t = match.groups()
+                parsed = Step(kind, int(step), int(size), int(rank), int(pid), float(t))
+                (self.steps if kind == "step" else self.enters).append(parsed)
+            self.cond.notify_all()
+
+    def wait(
+        self,
+        what: str,
+        predicate: Callable[[Output], Any],
+        timeout: float,
+        launchers: list[Launcher],
+    ) -> Any:
+        """Return the first true value of `predicate(self)` (called under the lock, at every
+        line); raise `TrialFailed` after `timeout` s or when every launcher has exited."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                if value := predicate(self):
+                    return value
+                if launchers and all(p.process.poll() is not None for p in launchers):
+                    codes = [p.process.returncode for p in launchers]
+                    raise TrialFailed(f"waiting for {what}: every launcher exited {codes}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TrialFailed(f"waiting for {what}: nothing within {timeout:g} s")
+                self.cond.wait(min(remaining, 0.5))
+
+    def transcript(self, since: float) -> str:
+        with self.cond:
+            return "\n".join(
+                f"{line.arrived - since:9.3f} {line.source}: {line.text}" for line in self.lines
+            )
+
+
+class Launcher:
+    """One process started by the benchmark (elasticrun's driver, a torchrun agent), in its
+    own session, with its output read line by line into `output`."""
+
+    def __init__(
+        self, name: str, cmd: list[str], env: dict[str, str], output: Output, cwd: Path
+    ) -> None:
+        self.name = name
+        self.cmd = cmd
+        self.started = time.time()
+        self.process = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C on the benchmark reaches only the benchmark
+        )
+        for stream in (self.process.stdout, self.process.stderr):
+            threading.Thread(target=self._read, args=(stream, output), daemon=True).start()
+
+    def _read(self, stream: IO[bytes] | None, output: Output) -> None:
+        assert stream is not None
+        for raw in stream:
+            output.feed(self.name, raw.decode(errors="replace").rstrip("\n"))
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+def _state(pid: int | str) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return None
+
+
+def processes_naming(marker: str) -> dict[int, str]:
+    """Live (non-zombie) processes other than this one whose command line contains `marker`."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(marker in arg for arg in argv) and _state(entry.name) not in (None, "Z"):
+            found[int(entry.name)] = " ".join(argv).strip()
+    return found
+
+
+def stop_all(launchers: list[Launcher], marker: str) -> dict[str, Any]:
+    """SIGTERM every launcher, SIGKILL those left after STOP_TIMEOUT; then make sure no process
+    naming `marker` is left (SIGKILL and report any)."""
+    start = time.monotonic()
+    for launcher in launchers:
+        if launcher.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                launcher.process.send_signal(signal.SIGTERM)
+    killed = []
+    for launcher in launchers:
+        remaining = max(0.1, STOP_TIMEOUT - (time.monotonic() - start))
+        try:
+            launcher.process.wait(remaining)
+        except subprocess.TimeoutExpired:
+            killed.append(launcher.name)
+            launcher.process.kill()
+            launcher.process.wait(5)
+    stopped_s = time.monotonic() - start
+    deadline = time.monotonic() + LEFTOVER_TIMEOUT
+    while (left := processes_naming(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return {
+        "stop_s": round(stopped_s, 2),
+        "exit_codes": {launcher.name: launcher.process.returncode for launcher in launchers},
+        "launchers_sigkilled": killed,
+        "leftover_processes_sigkilled": [f"{pid}: {argv}" for pid, argv in left.items()],
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def third_host() -> tuple[str, str]:
+    """The discovery line added at scale-up, and why: this machine's hostname if it resolves
+    to a local address (a third distinct host name), else `localhost:2`."""
+    from elastic.driver.network import is_local, local_addresses
+
+    name = socket.gethostname()
+    try:
+        if name not in ("localhost", "127.0.0.1") and is_local(name, local_addresses()):
+            return f"{name}:1", f"the hostname {name!r} resolves to a local address"
+    except Exception as err:  # noqa: BLE001 - any failure means: not usable
+        return "localhost:2", f"the hostname {name!r} is not usable ({err})"
+    return "localhost:2", f"the hostname {name!r} is not a third local name"
+
+
+def write_hosts(path: Path, lines: list[str]) -> None:
+    staged = path.with_suffix(".new")
+    staged.write_text("".join(f"{line}\n" for line in lines))
+    staged.replace(path)  # atomic: the discovery script never reads half a file
+
+
+# --- one system's scenario ------------------------------------------------------------------
+
+
+@dataclass
+class System:
+    """How to launch and grow one system; `kind` is "elasticrun" or "torchrun"."""
+
+    name: str
+    kind: str
+    env: dict[str, str]
+    torchrun_extra: list[str] = field(default_factory=list)
+
+    def worker_args(self, folder: Path) -> list[str]:
+        return [
+            "--out",
+            str(folder),
+            "--commit-every",
+            str(COMMIT_EVERY),
+            "--max-seconds",
+            str(WORKER_MAX_SECONDS),
+        ]
+
+    def elasticrun_cmd(self, folder: Path) -> list[str]:
+        exe = shutil.which("elasticrun")
+        return [
+            *([exe] if exe else [sys.executable, "-m", "elastic.driver.cli"]),
+            "-np", "2", "--min-np", "1", "--max-np", "3",
+            "--host-discovery-script", str(HOSTS_FILE_SCRIPT),
+            "--discovery-interval", "0.2",
+            sys.executable, str(ELASTIC_WORKLOAD), *self.worker_args(folder),
+        ]  # fmt: skip
+
+    def torchrun_cmd(self, folder: Path, port: int, run_id: str) -> list[str]:
+        exe = shutil.which("torchrun")
+        return [
+            *([exe] if exe else [sys.executable, "-m", "torch.distributed.run"]),
+            "--nnodes=1:3", "--nproc-per-node=1",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
+            "--max-restarts=1000",
+            *self.torchrun_extra,
+            str(TORCHRUN_WORKLOAD), *self.worker_args(folder),
+        ]  # fmt: skip
+
+
+def make_systems() -> dict[str, System]:
+    base = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # LOGLEVEL=INFO: the agents log their rendezvous rounds and restarts (milestones)
+    torch_env = dict(base, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", LOGLEVEL="INFO")
+    return {
+        "elasticrun": System("elasticrun", "elasticrun", base),
+        "torchrun_tuned": System(
+            "torchrun_tuned",
+            "torchrun",
+            torch_env,
+            [f"--rdzv-conf={TUNED_RDZV_CONF}", f"--monitor-interval={TUNED_MONITOR_INTERVAL}"],
+        ),
+        "torchrun_default": System("torchrun_default", "torchrun", torch_env),
+    }
+
+
+def _first(steps: list[Step], accept: Callable[[Step], bool]) -> Step | None:
+    return next((s for s in steps if accept(s)), None)
+
+
+def steady(size: int, after: Step, count: int) -> Callable[[Output], Step | None]:
+    """At least `count` steps past `after` at `size`, rank 1 among them: the latest line of
+    rank 1 at `size`."""
+
+    def check(out: Output) -> Step | None:
+        mine = [s for s in out.steps if s.size == size and s.t >= after.t]
+        if mine and max(s.step for s in mine) >= after.step + count:
+            return next((s for s in reversed(mine) if s.rank == 1), None)
+        return None
+
+    return check
+
+
+def milestones(
+    out: Output, spec: list[tuple[str, str, str]], since: float, old_pids: set[int] = frozenset()
+) -> dict[str, float | None]:
+    """Seconds from `since` to the first line after it matching each milestone's pattern,
+    ignoring the lines of workers in `old_pids` (a group that torchrun restarts)."""
+    found: dict[str, float | None] = {}
+    with out.cond:
+        lines = list(out.lines)
+    for label, pattern, stamp in spec:
+        regex = re.compile(pattern)
+        when = None
+        for line in lines:
+            t = line.stamp if stamp == "worker" and line.stamp is not None else line.arrived
+            pid = PID.search(line.text)
+            if pid and int(pid[1]) in old_pids:
+                continue
+            if t >= since and regex.search(line.text):
+                when = round(t - since, 3)
+                break
+        found[label] = when
+    return found
+
+
+def incumbent_stall(out: Output, t_add: float) -> tuple[float | None, float | None]:
+    """(longest gap between consecutive steps of rank 0 or 1 from their last step before
+    `t_add` to their first step at size 3, median gap at size 2 before `t_add`)."""
+    worst, gaps2 = None, []
+    with out.cond:
+        steps = list(out.steps)
+    for rank in (0, 1):
+        times = sorted(s.t for s in steps if s.rank == rank)
+        first3 = _first(steps, lambda s, r=rank: s.size == 3 and s.rank == r and s.t >= t_add)
+        before = [t for t in times if t < t_add]
+        if first3 is None or not before:
+            continue
+        window = [t for t in times if before[-1] <= t <= first3.t]
+        gap = max(b - a for a, b in zip(window, window[1:], strict=False))
+        worst = gap if worst is None else max(worst, gap)
+        two = sorted(s.t for s in steps if s.rank == rank and s.size == 2 and s.t < t_add)[-40:]
+        gaps2 += [b - a for a, b in zip(two, two[1:], strict=False)]
+    return worst, (statistics.median(gaps2) if gaps2 else None)
+
+
+def scale_up(
+    out: Output, record: dict[str, Any], system: System, t_add: float, launchers: list[Launcher]
+) -> None:
+    """Wait for the job to train at size 3 after the slot was added at `t_add`; record the
+    scale-up metrics and milestones."""
+    first3 = out.wait(
+        "a step at size 3",
+        lambda o: _first(o.steps, lambda s: s.size == 3 and s.t >= t_add),
+        SCALE_UP_TIMEOUT,
+        launchers,
+    )
+    record["scale_up_s"] = first3.t - t_add
+    with out.cond:
+        before = [s.step for s in out.steps if s.size == 2 and s.t < first3.t]
+    record["scale_up_steps_lost"] = max(before) - (first3.step - 1)
+    out.wait(
+        "steady training at size 3", steady(3, first3, STEADY_STEPS), STEADY_TIMEOUT, launchers
+    )
+    stall, interval = incumbent_stall(out, t_add)
+    record["incumbent_stall_s"], record["step_interval_s"] = stall, interval
+    record["scale_up_milestones"] = milestones(out, SCALE_UP_MILESTONES[system.kind], t_add)
+
+
+def run_trial(system: System, folder: Path, rng: random.Random, add_line: str) -> dict[str, Any]:
+    """One scenario of one system; the trial's record (metrics, milestones, errors, stop)."""
+    folder.mkdir(parents=True)
+    out = Output()
+    launchers: list[Launcher] = []
+    record: dict[str, Any] = {"system": system.name, "ok": False}
+    env = dict(system.env, TMPDIR=str(folder))  # torchrun's temporary folders go in there
+    t_launch = time.time()
+    phase = "launch"
+    try:
+        # 1. two workers
+        if system.kind == "elasticrun":
+            hosts = folder / "hosts"
+            write_hosts(hosts, ["localhost:1", "127.0.0.1:1"])
+            env["ELASTIC_HOSTS_FILE"] = str(hosts)
+            cmd = system.elasticrun_cmd(folder)
+            launchers.append(Launcher("elasticrun", cmd, env, out, ROOT))
+            record["commands"] = {
+                "launch": f"OMP_NUM_THREADS=1 ELASTIC_HOSTS_FILE={hosts} {' '.join(cmd)}",
+                "hosts file": "localhost:1, 127.0.0.1:1",
+                "scale up": f"append {add_line!r} to the hosts file (atomic rename)",
+            }
+        else:
+            port, run_id = free_port(), f"bench-{uuid.uuid4().hex[:8]}"
+            cmd = system.torchrun_cmd(folder, port, run_id)
+            for k in range(2):
+                launchers.append(Launcher(f"agent{k}", cmd, env, out, ROOT))
+            record["commands"] = {
+                "launch": "OMP_NUM_THREADS=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 LOGLEVEL=INFO "
+                + " ".join(cmd)
+                + "  (twice: 2 agents)",
+                "scale up": "the same command once more (a third agent)",
+            }
+        first = out.wait(
+            "the first step at size 2",
+            lambda o: _first(o.steps, lambda s: s.size == 2),
+            LAUNCH_TIMEOUT,
+            launchers,
+        )
+        record["launch_to_first_step_s"] = first.t - t_launch
+        phase = "steady at size 2"
+        out.wait(
+            "steady training at size 2", steady(2, first, STEADY_STEPS), STEADY_TIMEOUT, launchers
+        )
+
+        # 2. add a slot
+        phase = "scale up"
+        t_add = time.time()
+        record["scale_up_at_s"] = round(t_add - t_launch, 3)  # in the trial's transcript
+        if system.kind == "elasticrun":
+            write_hosts(hosts, ["localhost:1", "127.0.0.1:1", add_line])
+        else:
+            launchers.append(Launcher("agent2", cmd, env, out, ROOT))
+        try:
+            scale_up(out, record, system, t_add, launchers)
+            size = 3
+        except TrialFailed as err:  # recorded; the recovery is still measured if it trains
+            record["scale_up_error"] = str(err)
+            phase = "after the failed scale up"
+            t_check = time.time()
+            latest = out.wait(
+                "training to go on",
+                lambda o: _first(o.steps, lambda s: s.t > t_check),
+                STEADY_TIMEOUT,
+                launchers,
+            )
+            size = latest.size
+
+        # 3. SIGKILL rank 1's worker, at a random point between commits
+        phase = "recovery"
+        time.sleep(rng.uniform(0.0, 0.3))
+        with out.cond:
+            victim = next(s for s in reversed(out.steps) if s.size == size and s.rank == 1)
+            known = {s.pid for s in out.steps}
+            t_kill = time.time()
+            os.kill(victim.pid, signal.SIGKILL)
+        record["kill_at_s"] = round(t_kill - t_launch, 3)
+        record["killed_at_size"] = size
+        if system.kind == "elasticrun":
+            resumed = lambda s: s.size == size - 1 and s.t > t_kill  # noqa: E731
+        else:  # torchrun restarts the whole group: the first step of a new process
+            resumed = lambda s: s.pid not in known and s.t > t_kill  # noqa: E731
+        back = out.wait(
+            "a step after the SIGKILL",
+            lambda o: _first(o.steps, resumed),
+            RECOVERY_TIMEOUT,
+            launchers,
+        )
+        record["recovery_s"] = back.t - t_kill
+        record["recovered_size"] = back.size
+        with out.cond:
+            last = max(s.step for s in out.steps if s.t <= t_kill)
+        record["last_step_before_kill"], record["resumed_from_step"] = last, back.step - 1
+        record["steps_lost"] = last - (back.step - 1)
+        old = known if system.kind == "torchrun" else set()
+        record["recovery_milestones"] = milestones(
+            out, RECOVERY_MILESTONES[system.kind], t_kill, old
+        )
+        record["ok"] = "scale_up_error" not in record
+    except Exception as err:  # noqa: BLE001 - any failure fails this trial, not the benchmark
+        detail = str(err) if isinstance(err, TrialFailed) else f"{type(err).__name__}: {err}"
+        record["error"] = f"{phase}: {detail}"
+    finally:
+        record["stop"] = stop_all(launchers, str(folder))
+        (folder.parent / f"{folder.name}.log").write_text(out.transcript(t_launch) + "\n")
+    for key in METRICS:
+        if isinstance(record.get(key), float):
+            record[key] = round(record[key], 3)
+    return record
+
+
+# --- the benchmark --------------------------------------------------------------------------
+
+
+def summarize(values: list[float]) -> dict[str, float | int]:
+    return {
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+        "n": len(values),
+    }
+
+
+def summarize_system(records: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in records if r["ok"]]
+    metrics = {}
+    for key in METRICS:
+        values = [r[key] for r in records if r.get(key) is not None]
+        if values:
+            metrics[key] = summarize(values)
+    phases: dict[str, dict[str, Any]] = {}
+    for phase in ("scale_up_milestones", "recovery_milestones"):
+        phases[phase] = {}
+        for label in next((list(r[phase]) for r in records if phase in r), []):
+            values = [r[phase][label] for r in records if r.get(phase, {}).get(label) is not None]
+            if values:
+                phases[phase][label] = summarize(values)
+    return {
+        "trials": len(records),
+        "trials_ok": len(ok),
+        "metrics": metrics,
+        **phases,
+        "failures": [
+            f"trial {r.get('trial')}: {r[key]}"
+            for r in records
+            for key in ("scale_up_error", "error")
+            if key in r
+        ],
+        "leftovers": sum(len(r["stop"]["leftover_processes_sigkilled"]) for r in records),
+    }
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    systems = [s for s in SYSTEMS if s in doc["systems"]]
+    rows = ["| metric | " + " | ".join(systems) + " |", "|---" * (len(systems) + 1) + "|"]
+    for key in METRICS:
+        cells = []
+        for name in systems:
+            m = doc["systems"][name]["metrics"].get(key)
+            cells.append(f"{m['median']:g} [{m['min']:g}–{m['max']:g}]" if m else "—")
+        rows.append(f"| {key} | " + " | ".join(cells) + " |")
+    trials = [f"{doc['systems'][s]['trials_ok']}/{doc['systems'][s]['trials']}" for s in systems]
+    rows.append("| trials ok | " + " | ".join(trials) + " |")
+    return "\n".join(rows)
+
+
+def git_state() -> dict[str, Any]:
+    """The commit measured, and the files that differ from it (the code may be in flux)."""
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        except OSError:
+            return ""
+        return done.stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "changed": git("status", "--short").splitlines()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument(
+        "--default-trials",
+        type=int,
+        default=None,
+        help="trials of torchrun with its default timeouts (default: --trials); each takes "
+        "~55 s on 2 CPUs, its launch waiting out the rendezvous' default 30 s last call",
+    )
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    names = [s for s in args.systems.split(",") if s]
+    if unknown := set(names) - set(SYSTEMS):
+        parser.error(f"unknown systems: {sorted(unknown)}")
+    default_trials = args.trials if args.default_trials is None else args.default_trials
+    systems = make_systems()
+    add_line, add_why = third_host()
+    rng = random.Random(args.seed)
+    logs = RESULTS / "elastic_recovery"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    records: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    start = time.perf_counter()
+    load_before = os.getloadavg()
+    code = git_state()  # at the start: what the trials run
+    with tempfile.TemporaryDirectory(prefix="elastic-recovery-") as tmp:
+        # A SIGTERM to the benchmark unwinds through the trials' cleanup like a Ctrl-C.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        for trial in range(args.trials):
+            order = names[trial % len(names) :] + names[: trial % len(names)]
+            for name in order:
+                if name == "torchrun_default" and trial >= default_trials:
+                    continue
+                t0 = time.perf_counter()
+                record = run_trial(systems[name], Path(tmp) / f"{name}-{trial}", rng, add_line)
+                record["trial"] = trial
+                record["wall_s"] = round(time.perf_counter() - t0, 1)
+                shutil.copy(Path(tmp) / f"{name}-{trial}.log", logs / f"{name}-{trial}.log")
+                records[name].append(record)
+                status = "ok" if record["ok"] else f"FAILED ({record['error']})"
+                print(
+                    f"trial {trial} {name}: {status} in {record['wall_s']} s; "
+                    + ", ".join(f"{k} {record[k]}" for k in METRICS if k in record),
+                    file=sys.stderr,
+                    flush=True,
+                )
+    import torch
+
+    doc: dict[str, Any] = {
+        "benchmark": "elastic_recovery",
+        "command": " ".join(["python -m bench.elastic_recovery", *sys.argv[1:]]),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "git": code,
+        "workload": {
+            "model": "MLP 64-768-768-768-1, SGD, 80 samples per rank and step, 1 thread",
+            "commit_every_steps": COMMIT_EVERY,
+            "elasticrun": str(ELASTIC_WORKLOAD.relative_to(ROOT)),
+            "torchrun": str(TORCHRUN_WORKLOAD.relative_to(ROOT)),
+        },
+        "scale_up_host": {"line": add_line, "why": add_why},
+        "torchrun_tuned": {
+            "rdzv_conf": TUNED_RDZV_CONF,
+            "monitor_interval": TUNED_MONITOR_INTERVAL,
+        },
+        "notes": [
+            f"torchrun_default ran {min(default_trials, args.trials)} trial(s), the others "
+            f"{args.trials}; its launch waits out the c10d rendezvous' default 30 s last call",
+            "recovery: elasticrun goes on at size 2 in the surviving processes (the dead "
+            "worker's host is in cooldown); torchrun's agent restarts every worker and the job "
+            "goes on at size 3 from rank 0's last checkpoint",
+            "torchrun agents run with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: without it a third "
+            "agent's join fails the scale-up (seen here: the agents hang, ignoring SIGTERM for "
+            "15 s, or exit with code 1)",
+            "milestones: seconds from the trigger (discovery change / third agent / SIGKILL) "
+            "to the first line of each kind after it; driver and agent lines are stamped on "
+            "arrival here, worker lines carry their own time.time()",
+        ],
+        "systems": {},
+        "trials": [],
+        "wall_s": round(time.perf_counter() - start, 1),
+        "loadavg_1_5_15min": {
+            "before": [round(x, 2) for x in load_before],
+            "after": [round(x, 2) for x in os.getloadavg()],
+        },
+    }
+    for name in names:
+        summary = summarize_system(records[name])
+        summary["commands"] = next((r["commands"] for r in records[name] if "commands" in r), {})
+        doc["systems"][name] = summary
+        doc["trials"] += records[name]
+    doc["table"] = markdown(doc)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(doc, indent=2)
+    (RESULTS / "elastic_recovery.json").write_text(text + "\n")
+    print(text)
+    print(doc["table"], file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

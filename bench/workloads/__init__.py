@@ -1,0 +1,87 @@
+"""Tiny training workloads for `bench/elastic_recovery.py`: one for elasticrun, one for torchrun.
+
+Both train the same small MLP (64 -> 768 -> 768 -> 768 -> 1, ~1.2M parameters) on the same
+synthetic regression data with plain SGD, `BATCH` samples per rank and step (about 20 ms of
+forward + backward + update on one thread of this machine's CPUs), and commit
+(`tiny_elastic.py`: `state.commit()`, in memory) or checkpoint (`tiny_torchrun.py`: rank 0
+writes a file) every `--commit-every` steps. Every rank prints one line per step:
+
+    step S size N rank R pid P t T
+
+with S the global step just completed (1, 2, ...), N the number of workers, T `time.time()`
+right after the step; and, when it (re)starts training, the step it resumes from:
+
+    enter step S size N rank R pid P t T
+
+The benchmark parses these lines from the launchers' output. A safety timer ends a worker
+after `--max-seconds`, so no worker outlives a benchmark that was itself killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+
+FEATURES = 64
+HIDDEN = 768
+BATCH = 80  # per rank and step
+SAMPLES = 48_000
+LR = 0.01
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", required=True, help="folder for checkpoints (torchrun)")
+    parser.add_argument("--commit-every", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=SAMPLES)
+    parser.add_argument("--max-seconds", type=float, default=300.0, help="safety: exit after")
+    return parser.parse_args()
+
+
+def start_safety_timer(seconds: float) -> None:
+    """End this process (exit code 3) after `seconds`, whatever it is doing."""
+    timer = threading.Timer(seconds, os._exit, (3,))
+    timer.daemon = True
+    timer.start()
+
+
+def build_model():  # -> torch.nn.Module
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(FEATURES, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, 1),
+    )
+
+
+def make_data(samples: int):  # -> tuple[torch.Tensor, torch.Tensor]
+    """The same synthetic regression data on every rank (seeded)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(1234)
+    features = torch.randn(samples, FEATURES, generator=generator)
+    weights = torch.randn(FEATURES, 1, generator=generator)
+    targets = features @ weights + 0.1 * torch.randn(samples, 1, generator=generator)
+    return features, targets
+
+
+def line(kind: str, step: int, size: int, rank: int) -> None:
+    """Print a `step`/`enter` line (see the module's docstring)."""
+    print(
+        f"{kind} {step} size {size} rank {rank} pid {os.getpid()} t {time.time():.6f}",
+        flush=True,
+    )
+
+
+def event(what: str) -> None:
+    """Print a timestamped event line: `event WHAT pid P t T`."""
+    print(f"event {what} pid {os.getpid()} t {time.time():.6f}", flush=True)
