@@ -400,6 +400,8 @@ class Job:
             self._finish(1, f"reset limit reached: {limit} re-rendezvous (--reset-limit); {why}")
             return
         epoch = self._rendezvous.form([(w, self._workers[w].hostname) for w in members])
+        # Nobody can still use the keys of the epoch before the previous one: drop them.
+        self._spawn(self._kv.delete_prefix(Rendezvous.epoch_prefix(epoch - 2)))
         for worker_id in members:
             self._workers[worker_id].state = WorkerState.MEMBER
         added = [w for w in members if w not in previous]

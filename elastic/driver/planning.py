@@ -23,8 +23,3 @@ def free_slots(
         if slot not in occupied.get(host.hostname, set())
     ]
     return free[: max(0, wanted)]
-
-
-def launch_target(usable_slots: int, max_np: int | None) -> int:
-    """How many workers the job should have: every usable slot, up to `max_np`."""
-    return usable_slots if max_np is None else min(usable_slots, max_np)

@@ -22,5 +22,4 @@ START_TIMEOUT = "ELASTIC_START_TIMEOUT"
 # Never on a command line.
 TOKEN = "ELASTIC_TOKEN"
 
-AUTH_HEADER = "Authorization"
 AUTH_SCHEME = "Bearer"
