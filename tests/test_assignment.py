@@ -1,10 +1,14 @@
 """Slot assignment: rank, local and cross coordinates for every worker."""
 
-import pytest
-
-from elastic.driver.assignment import assign_slots
-from elastic.driver.errors import UsageError
+from elastic.driver.assignment import plan_slots
 from elastic.driver.hosts import HostSpec
+from elastic.driver.planning import free_slots, next_members
+from elastic.protocol.http import SlotInfo
+
+
+def assign_slots(hosts: list[HostSpec], np: int) -> list[SlotInfo]:
+    """What the driver does for its first epoch: fill hosts in order, then plan the slots."""
+    return plan_slots([hostname for hostname, _ in free_slots(hosts, {}, np)])
 
 
 def table(hosts: list[HostSpec], np: int) -> list[tuple]:
@@ -55,11 +59,25 @@ def test_every_rank_is_unique_and_local_ranks_are_dense() -> None:
         assert mine == list(range(host.slots))
 
 
-def test_np_larger_than_slots_is_refused() -> None:
-    with pytest.raises(UsageError, match="-np 5 is larger than the 3 slot"):
-        assign_slots([HostSpec("a", 2), HostSpec("b", 1)], 5)
+def test_free_slots_skip_occupied_ones_and_stop_at_the_wanted_count() -> None:
+    hosts = [HostSpec("a", 2), HostSpec("b", 2)]
+    assert free_slots(hosts, {"a": {0}}, 2) == [("a", 1), ("b", 0)]
+    assert free_slots(hosts, {}, 0) == []
+    assert len(free_slots(hosts, {}, 10)) == 4
 
 
-def test_np_must_be_positive() -> None:
-    with pytest.raises(UsageError):
-        assign_slots([HostSpec("a", 2)], 0)
+def test_a_new_epoch_of_survivors_gets_dense_coordinates() -> None:
+    slots = plan_slots(["b", "a", "b"])
+    assert [(s.hostname, s.rank, s.local_rank, s.local_size) for s in slots] == [
+        ("b", 0, 0, 2),
+        ("a", 1, 0, 1),
+        ("b", 2, 1, 2),
+    ]
+    assert [(s.cross_rank, s.cross_size) for s in slots] == [(0, 2), (1, 2), (0, 1)]
+
+
+def test_next_epoch_keeps_survivors_first_in_rank_order_and_caps_at_max_np() -> None:
+    assert next_members(["w3", "w1"], ["w7", "w5"], None) == ["w3", "w1", "w7", "w5"]
+    assert next_members(["w3", "w1"], ["w7", "w5"], 3) == ["w3", "w1", "w7"]
+    assert next_members(["w3"], ["w3", "w4"], None) == ["w3", "w4"]
+    assert next_members([], [], 4) == []

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from elastic.driver.errors import UsageError
-from elastic.driver.hosts import HostSpec
 from elastic.protocol.http import SlotInfo
 
 
@@ -36,25 +34,3 @@ def plan_slots(hostnames: list[str]) -> list[SlotInfo]:
             )
         )
     return slots
-
-
-def fill_hosts(hosts: list[HostSpec], np: int) -> list[str]:
-    """The host of each of `np` ranks, filling hosts in the order given, contiguously.
-
-    Raises `UsageError` when the hosts have fewer than `np` slots.
-    """
-    if np < 1:
-        raise UsageError(f"-np must be at least 1, got {np}")
-    total = sum(h.slots for h in hosts)
-    if np > total:
-        raise UsageError(
-            f"-np {np} is larger than the {total} slot(s) available on "
-            + ", ".join(f"{h.hostname}:{h.slots}" for h in hosts)
-        )
-    placed = [h.hostname for h in hosts for _ in range(h.slots)]
-    return placed[:np]
-
-
-def assign_slots(hosts: list[HostSpec], np: int) -> list[SlotInfo]:
-    """Give `np` workers their slots, filling hosts in the order given (see `plan_slots`)."""
-    return plan_slots(fill_hosts(hosts, np))

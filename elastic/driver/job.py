@@ -14,7 +14,8 @@ import secrets
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from elastic.driver.control.events import ControlEvent, EpochBroken, HostsUpdated
 from elastic.driver.control.server import ControlServer
@@ -117,7 +118,7 @@ class Job:
         self._driver_url, self._control_address = http.url, control.address
         log.debug("job %s: HTTP API on %s, control on %s", self.job_id, http.url, control.address)
         try:
-            await self._launch_first_epoch()
+            await self._launch_first_epoch(hosts)
             self._spawn(self._watch_liveness())
             if self.elastic is not None:
                 self._spawn(self._follow_discovery())
@@ -130,7 +131,7 @@ class Job:
             await control.stop(grace=0.5)
             await http.stop()
 
-    def _spawn(self, coroutine) -> None:  # type: ignore[no-untyped-def]
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -181,16 +182,12 @@ class Job:
             self._progress(f"waiting for {needed} slot(s) from discovery, {slots} so far")
             await asyncio.sleep(self.elastic.discovery_interval)
 
-    async def _launch_first_epoch(self) -> None:
-        """Launch the first workers and form epoch 1 with them at once."""
-        hosts = [h for h in self._tracker.hosts] if self.elastic else self.settings.hosts
-        if self.elastic is None:
-            wanted = self.settings.np or 0
-        else:
-            cap = self.elastic.max_np
-            wanted = self.settings.np if self.settings.np is not None else cap
-            wanted = wanted if wanted is not None else sum(h.slots for h in hosts)
-            wanted = min(wanted, cap) if cap is not None else wanted
+    async def _launch_first_epoch(self, hosts: list[HostSpec]) -> None:
+        """Launch the first workers on `hosts` and form epoch 1 with them at once: -np of
+        them (elastic: default every slot), at most --max-np."""
+        wanted = self.settings.np if self.settings.np is not None else sum(h.slots for h in hosts)
+        if self.elastic is not None and self.elastic.max_np is not None:
+            wanted = min(wanted, self.elastic.max_np)
         places = free_slots(hosts, {}, wanted)
         if self.elastic is None and len(places) < wanted:
             raise UsageError(f"-np {wanted} is larger than the {len(places)} slot(s) available")
