@@ -17,6 +17,8 @@ from typing import IO, Literal
 
 import pytest
 
+from tests.etcd_server import EtcdServer
+
 ELASTICRUN = [sys.executable, "-m", "elastic.driver.cli"]
 
 Stream = Literal["stdout", "stderr"]
@@ -133,6 +135,18 @@ def elasticrun(tmp_path: Path) -> Iterator[Callable[..., RunningJob]]:
     for pid in processes_naming(str(tmp_path)):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    """A real etcd server on free loopback ports, with its data in `tmp_path`; stopped (by
+    PID) at the end."""
+    server = EtcdServer(tmp_path / "etcd-data")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def write_script(directory: Path, name: str, body: str) -> Path:

@@ -1,8 +1,15 @@
-"""The default backend: job state in the driver's memory (no setup, lost with the driver)."""
+"""The default backend: job state in the driver's memory (no setup, lost with the driver).
+
+The torch Store's keys (`MemoryKeyValueStore`) live here with every backend: they belong to one
+epoch's group formation, and a restarted driver forms a new epoch before anyone needs them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from elastic.driver.changes import ChangeNotifier
+from elastic.driver.state.backend import StateBackend
 from elastic.driver.state.kv import KeyValueStore
 
 
@@ -61,3 +68,40 @@ class MemoryKeyValueStore(KeyValueStore):
         for key in doomed:
             del self._data[key]
         return len(doomed)
+
+
+class MemoryBackend(StateBackend):
+    """Job state that lives as long as the driver: nothing to set up, nothing to resume."""
+
+    durable = False
+
+    def __init__(self) -> None:
+        self._documents: dict[str, dict[str, bytes]] = {}
+        self._job_id: str | None = None
+
+    async def claim(
+        self,
+        job_id: str,
+        holder: str,
+        is_alive: Callable[[bytes], bool],
+        on_lost: Callable[[], None],
+    ) -> None:
+        self._job_id = job_id
+        self._documents.setdefault(job_id, {})["lock"] = holder.encode()
+
+    async def load(self) -> dict[str, bytes]:
+        assert self._job_id is not None, "claim() first"
+        return {k: v for k, v in self._documents[self._job_id].items() if k != "lock"}
+
+    async def save(
+        self, documents: dict[str, bytes], *, expiring: frozenset[str] = frozenset()
+    ) -> None:
+        assert self._job_id is not None, "claim() first"
+        self._documents[self._job_id].update(documents)
+
+    async def read(self, job_id: str) -> dict[str, bytes]:
+        return dict(self._documents.get(job_id, {}))
+
+    async def release(self) -> None:
+        if self._job_id is not None:
+            self._documents[self._job_id].pop("lock", None)

@@ -1,0 +1,217 @@
+"""The fault-tolerant backend: job state in etcd, under `<prefix>/<job_id>/`.
+
+The claim is the `lock` key, bound to a lease that this driver keeps alive: when the driver
+dies, its lease ends `LEASE_TTL` seconds later and the claim with it. Every save is a
+transaction that first checks the lock still names this driver, so a driver that lost its
+claim (a long pause, a partition) can never overwrite its successor's state.
+
+pyetcd is synchronous: calls run in the default thread pool, each retried (tenacity) within a
+bounded time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+import tenacity
+from pyetcd.exceptions import Etcd3Exception
+
+from elastic.driver.state.backend import BackendError, ClaimLost, JobLocked, StateBackend
+from elastic.protocol.etcd import KEY_NAMES, EtcdOptions, connect
+
+log = logging.getLogger(__name__)
+
+LEASE_TTL = 10  # seconds a dead driver's claim outlives it
+KEEPALIVE_EVERY = 2.0  # seconds between lease refreshes
+T = TypeVar("T")
+
+
+def _transient(err: BaseException) -> bool:
+    return isinstance(err, Etcd3Exception | grpc.RpcError | OSError)
+
+
+class EtcdBackend(StateBackend):
+    durable = True
+
+    def __init__(self, options: EtcdOptions, retry_for: float = 10.0) -> None:
+        self.options = options
+        self._retry_for = retry_for
+        self._client: Any = None
+        self._job_id: str | None = None
+        self._holder = b""
+        self._lease_id = 0
+        self._keepalive: asyncio.Task[None] | None = None
+        self._on_lost: Callable[[], None] | None = None
+        self._lost = False
+
+    @property
+    def where(self) -> str:
+        return ",".join(f"{host}:{port}" for host, port in self.options.endpoints)
+
+    async def _call(self, work: Callable[[Any], T], retry_for: float | None = None) -> T:
+        """Run `work(client)` in a thread, retrying transient failures for `retry_for` s."""
+
+        def attempt() -> T:
+            if self._client is None:
+                self._client = connect(self.options)
+            return work(self._client)
+
+        budget = self._retry_for if retry_for is None else retry_for
+        try:
+            async for attempt_ in tenacity.AsyncRetrying(
+                retry=tenacity.retry_if_exception(_transient),
+                stop=tenacity.stop_after_delay(budget),
+                wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
+                reraise=True,
+            ):
+                with attempt_:
+                    return await asyncio.to_thread(attempt)
+        except Exception as err:
+            if _transient(err):
+                why = str(err) or type(err).__name__
+                raise BackendError(
+                    f"etcd at {self.where} unreachable for {budget:g} s: {why}"
+                ) from err
+            raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _key(self, name: str, job_id: str | None = None) -> str:
+        job = job_id or self._job_id
+        assert job is not None, "claim() first"
+        return self.options.job_key(job, name)
+
+    async def claim(
+        self,
+        job_id: str,
+        holder: str,
+        is_alive: Callable[[bytes], bool],
+        on_lost: Callable[[], None],
+    ) -> None:
+        self._job_id, self._holder, self._on_lost = job_id, holder.encode(), on_lost
+        lease = await self._call(lambda c: c.lease(LEASE_TTL))
+        self._lease_id = lease.id
+        lock = self._key("lock")
+        mine = self._holder
+
+        def take(c: Any) -> tuple[bool, bytes | None]:
+            t = c.transactions
+            taken, _ = c.transaction(
+                compare=[t.create(lock) == 0],
+                success=[t.put(lock, mine, lease=self._lease_id)],
+                failure=[],
+            )
+            if taken:
+                return True, None
+            value, _ = c.get(lock)
+            return False, value
+
+        while True:
+            taken, other = await self._call(take)
+            if taken:
+                break
+            if other is None:
+                continue  # it expired between the two calls
+            if is_alive(other):
+                raise JobLocked(other.decode(errors="replace"))
+
+            def take_over(c: Any, other: bytes = other) -> bool:
+                t = c.transactions
+                taken, _ = c.transaction(
+                    compare=[t.value(lock) == other],
+                    success=[t.put(lock, mine, lease=self._lease_id)],
+                    failure=[],
+                )
+                return taken
+
+            if await self._call(take_over):
+                break
+        self._keepalive = asyncio.create_task(self._keep_alive())
+
+    async def _keep_alive(self) -> None:
+        """Refresh the lease; a lease etcd no longer knows means the claim is gone."""
+        lease_id = self._lease_id
+        while True:
+            await asyncio.sleep(KEEPALIVE_EVERY)
+            try:
+                answers = await self._call(
+                    lambda c: list(c.refresh_lease(lease_id)), retry_for=KEEPALIVE_EVERY
+                )
+            except BackendError:
+                continue  # an outage: the saver reports it; etcd renews leases on restart
+            if answers and answers[0].TTL <= 0:
+                self._claim_lost()
+                return
+
+    def _claim_lost(self) -> None:
+        if not self._lost:
+            self._lost = True
+            if self._on_lost is not None:
+                self._on_lost()
+
+    async def load(self) -> dict[str, bytes]:
+        assert self._job_id is not None, "claim() first"
+        documents = await self.read(self._job_id)
+        documents.pop("lock", None)
+        return documents
+
+    async def save(
+        self, documents: dict[str, bytes], *, expiring: frozenset[str] = frozenset()
+    ) -> None:
+        if self._lost:
+            raise ClaimLost(f"job {self._job_id} was claimed by another driver")
+        lock, mine = self._key("lock"), self._holder
+
+        def write(c: Any) -> bool:
+            t = c.transactions
+            puts = [
+                t.put(self._key(name), value, lease=self._lease_id if name in expiring else None)
+                for name, value in documents.items()
+            ]
+            saved, _ = c.transaction(compare=[t.value(lock) == mine], success=puts, failure=[])
+            return saved
+
+        if not await self._call(write):
+            self._claim_lost()
+            raise ClaimLost(f"job {self._job_id} was claimed by another driver")
+
+    async def read(self, job_id: str) -> dict[str, bytes]:
+        prefix = self._key("", job_id)
+
+        def read_all(c: Any) -> dict[str, bytes]:
+            found = {}
+            for value, meta in c.get_prefix(prefix):
+                name = meta.key.decode()[len(prefix) :]
+                if name in KEY_NAMES:
+                    found[name] = value
+            return found
+
+        return await self._call(read_all)
+
+    async def release(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        if self._job_id is None or self._lost:
+            return
+        lock, mine, lease_id = self._key("lock"), self._holder, self._lease_id
+
+        def give_up(c: Any) -> None:
+            t = c.transactions
+            c.transaction(
+                compare=[t.value(lock) == mine],
+                success=[t.delete(lock), t.delete(self._key("driver"))],
+                failure=[],
+            )
+            c.revoke_lease(lease_id)
+
+        with contextlib.suppress(BackendError):
+            await self._call(give_up, retry_for=2.0)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await asyncio.to_thread(client.close)

@@ -1,0 +1,67 @@
+"""The documents a driver saves about its job, as JSON: enough for a restarted driver to resume.
+
+Times are wall-clock (`time.time()`): a restarted driver has a new monotonic clock.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class JobSecret(BaseModel):
+    """The job token: workers authenticate with it, so a restarted driver must keep it."""
+
+    token: str
+    tls_cert: str | None = None  # PEM of the certificate the workers pin
+    tls_key: str | None = None
+
+
+class JobSpec(BaseModel):
+    """What the job runs, where and with which limits (`Settings`, as JSON), and where its
+    local workers write their output."""
+
+    job_id: str
+    created: float
+    settings: dict  # elastic.driver.settings.Settings, dumped by pydantic
+    log_root: str
+
+
+class WorkerRecord(BaseModel):
+    worker_id: str
+    hostname: str
+    host_slot: int
+    state: str  # WorkerState's value
+    process_id: int | None = None  # the launcher-side process (keeper or ssh client)
+    pid: int | None = None  # as the worker reported it
+    exit_code: int | None = None
+    registered: bool = False
+    joined: bool = False
+    exiting: bool = False
+    log_dir: str | None = None  # where a detached worker's output and exit status go
+    offsets: dict[str, int] = Field(default_factory=dict)  # output already shown, per stream
+
+
+class CooldownRecord(BaseModel):
+    hostname: str
+    failures: int
+    until: float
+
+
+class JobState(BaseModel):
+    """The driver's view of the job at one moment."""
+
+    epoch: int = 0
+    members: list[str] = Field(default_factory=list)  # worker ids in rank order
+    workers: list[WorkerRecord] = Field(default_factory=list)
+    discovered: list[str] = Field(default_factory=list)  # last good discovery, "host:slots"
+    cooldowns: list[CooldownRecord] = Field(default_factory=list)
+    serial: int = 0  # worker ids issued so far
+    resets: int = 0
+    update_version: int = 0
+    finishing: bool = False
+
+
+class JobResult(BaseModel):
+    code: int
+    message: str = ""
+    ended: float
