@@ -4,18 +4,32 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import json
+import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from elastic.driver.rendezvous import Rendezvous
 from elastic.driver.server.app import HttpServer, create_app
+from elastic.driver.server.limits import MAX_BODY_BYTES
 from elastic.driver.server.services import Services
 from elastic.driver.state.memory import MemoryKeyValueStore
-from elastic.protocol.http import HostStatus, JobStatus, SlotInfo
+from elastic.protocol.http import (
+    MAX_EPOCH,
+    MAX_KEY_LENGTH,
+    MAX_KEYS_PER_REQUEST,
+    MAX_VALUE_BYTES,
+    CompareSetRequest,
+    HostStatus,
+    JobStatus,
+    SlotInfo,
+)
 from elastic.worker.client import DriverClient, DriverError
 from elastic.worker.store import DriverStore
 
@@ -63,6 +77,8 @@ def test_requests_without_the_token_are_refused(headers: dict[str, str]) -> None
         ]:
             answer = await client.request(method, path, json=body, headers=headers)
             assert answer.status_code == 401, path
+            assert answer.headers["WWW-Authenticate"] == "Bearer"
+            assert answer.json()["detail"] == "missing or wrong job token"
             assert TOKEN not in answer.text
 
     run(check)
@@ -83,7 +99,14 @@ def test_requests_without_the_token_are_refused(headers: dict[str, str]) -> None
         ("/v1/rendezvous/join", b'{"worker_id": ""}', 422),
         ("/v1/rendezvous/join", b'{"worker_id": "w", "after_epoch": -1}', 422),
         ("/v1/rendezvous/join", b"[]", 422),
+        ("/v1/rendezvous/join", b'{"worker_id": "w", "pid": 2147483648}', 422),
         ("/v1/nowhere", b"{}", 404),
+        # Inputs that once crashed the 422 answer (it echoed them) or the key's formatting.
+        ("/v1/kv/get", b'{"epoch": 1, "key": "k", "timeout": NaN}', 422),
+        ("/v1/kv/get", b'{"epoch": "\\ud800", "key": "k"}', 422),
+        ("/v1/kv/get", b'{"epoch": 1, "key": "k", "\\udc00": 1}', 422),
+        ("/v1/kv/get", b'{"epoch": 9007199254740992, "key": "k"}', 422),
+        ("/v1/kv/get", b'{"epoch": 1' + b"0" * 5000 + b', "key": "k"}', 400),
     ],
 )
 def test_malformed_requests_get_a_4xx_with_a_message(path: str, body: bytes, code: int) -> None:
@@ -104,6 +127,127 @@ def test_oversized_key_is_refused() -> None:
         assert (await client.post("/v1/kv/set", json=body, headers=AUTH)).status_code == 422
 
     run(check)
+
+
+def test_the_largest_valid_requests_fit_the_body_limit() -> None:
+    values = CompareSetRequest(
+        epoch=MAX_EPOCH,
+        key="k" * MAX_KEY_LENGTH,
+        expected=b64(bytes(MAX_VALUE_BYTES)),
+        desired=b64(bytes(MAX_VALUE_BYTES)),
+    )
+    assert len(values.model_dump_json()) < MAX_BODY_BYTES
+    # Each key character escaped as a UTF-16 surrogate pair: the longest JSON that check/wait take.
+    keys = {"epoch": MAX_EPOCH, "keys": ["\U0001f600" * MAX_KEY_LENGTH] * MAX_KEYS_PER_REQUEST}
+    assert len(json.dumps(keys, ensure_ascii=True)) < MAX_BODY_BYTES
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_an_oversized_body_gets_413_before_it_is_read_whole(framing: str) -> None:
+    chunk = b"x" * (1 << 20)
+    chunks_sent = 0
+
+    async def stream() -> AsyncIterator[bytes]:
+        nonlocal chunks_sent
+        for _ in range(4 * MAX_BODY_BYTES // len(chunk)):
+            chunks_sent += 1
+            yield chunk
+
+    async def check(client: httpx.AsyncClient) -> None:
+        if framing == "content-length":
+            body: bytes | AsyncIterator[bytes] = b"x" * (MAX_BODY_BYTES + 1)
+        else:
+            body = stream()
+        answer = await client.post("/v1/kv/set", content=body, headers=AUTH)
+        assert answer.status_code == 413
+        assert "exceeds" in answer.json()["detail"]
+        assert chunks_sent <= MAX_BODY_BYTES // len(chunk) + 1
+        assert (await client.get("/v1/status", headers=AUTH)).status_code == 200
+
+    run(check)
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_the_body_limit_is_inclusive(framing: str) -> None:
+    async def check() -> None:
+        app = create_app(make_services(), max_body_bytes=64)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://d") as client:
+            for size, code in [(64, 422), (65, 413)]:
+
+                async def stream(size: int = size) -> AsyncIterator[bytes]:
+                    for _ in range(size):
+                        yield b"x"
+
+                body = b"x" * size if framing == "content-length" else stream()
+                answer = await client.post("/v1/kv/set", content=body, headers=AUTH)
+                assert answer.status_code == code, size
+
+    asyncio.run(check())
+
+
+def test_an_unauthenticated_request_is_refused_before_its_body_is_read() -> None:
+    app = create_app(make_services())
+    body_reads = 0
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        nonlocal body_reads
+        body_reads += 1
+        return {"type": "http.request", "body": b"x" * 1024, "more_body": True}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/kv/set",
+        "raw_path": b"/v1/kv/set",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-length", str(1 << 30).encode()), (b"authorization", b"Bearer no")],
+        "client": ("192.0.2.1", 1234),
+        "server": ("127.0.0.1", 80),
+    }
+    asyncio.run(app(scope, receive, send))
+    assert body_reads == 0
+    assert sent[0]["status"] == 401
+    headers = dict(sent[0]["headers"])
+    assert headers[b"www-authenticate"] == b"Bearer"
+    assert headers[b"connection"] == b"close"
+    assert app.state.refused_peers == {"192.0.2.1"}
+
+
+def _raw_post(url: str, head: bytes, body: bytes) -> bytes:
+    """Send one request over a fresh loopback connection; return the answer up to its close."""
+    host, port = httpx.URL(url).host, httpx.URL(url).port
+    with socket.create_connection((host, port), timeout=10) as conn:
+        conn.sendall(head + body)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_an_oversized_body_gets_413_over_a_real_socket(framing: str) -> None:
+    auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
+    with serving(create_app(make_services(), max_body_bytes=1024)) as url:
+        if framing == "content-length":
+            head = b"POST /v1/kv/set HTTP/1.1\r\nHost: d\r\nContent-Length: 4096\r\n"
+            body = b"x" * 4096
+        else:
+            head = b"POST /v1/kv/set HTTP/1.1\r\nHost: d\r\nTransfer-Encoding: chunked\r\n"
+            body = b"400\r\n" + b"x" * 1024 + b"\r\n" + b"1\r\nx\r\n0\r\n\r\n"
+        answer = _raw_post(url, head + auth + b"\r\n", body)
+        assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+        assert b"connection: close" in answer.lower()
+        status = httpx.get(f"{url}/v1/status", headers=AUTH)
+        assert status.status_code == 200
 
 
 def test_add_on_a_non_integer_value_is_a_conflict_not_a_crash() -> None:
@@ -217,28 +361,34 @@ def test_openapi_schema_documents_every_route() -> None:
     assert "/v1/rendezvous/join" in paths and "/v1/status" in paths
 
 
-@pytest.fixture
-def live_server() -> Iterator[str]:
-    """A real driver HTTP server on loopback, in its own event loop thread."""
+@contextlib.contextmanager
+def serving(app: FastAPI) -> Iterator[str]:
+    """`app` served by a real driver HTTP server on loopback, in its own event loop thread;
+    yields the server's URL."""
     loop = asyncio.new_event_loop()
-    started = threading.Event()
-    holder: dict[str, HttpServer] = {}
-
-    async def serve() -> None:
-        server = HttpServer(create_app(make_services()), "127.0.0.1")
-        await server.start()
-        holder["server"] = server
-        started.set()
-
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    asyncio.run_coroutine_threadsafe(serve(), loop)
-    assert started.wait(10)
-    server = holder["server"]
-    yield server.url
-    asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
+
+    async def start() -> HttpServer:
+        server = HttpServer(app, "127.0.0.1")
+        await server.start()
+        return server
+
+    server = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    try:
+        yield server.url
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+@pytest.fixture
+def live_server() -> Iterator[str]:
+    """A real driver HTTP server on loopback."""
+    with serving(create_app(make_services())) as url:
+        yield url
 
 
 def test_driver_store_implements_the_c10d_store_semantics(live_server: str) -> None:

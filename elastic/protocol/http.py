@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+MAX_EPOCH = (1 << 53) - 1  # the largest integer that every JSON parser reads exactly
+MAX_PID = (1 << 31) - 1  # pid_t
 MAX_KEY_LENGTH = 1024
 MAX_VALUE_BYTES = 4 * 1024 * 1024
 MAX_KEYS_PER_REQUEST = 1024
@@ -16,6 +18,7 @@ MAX_WAIT_SECONDS = 3600.0
 WORKER_ID_MAX_LENGTH = 255
 
 KeyName = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH)]
+Epoch = Annotated[int, Field(ge=0, le=MAX_EPOCH)]
 Base64 = Annotated[str, Field(max_length=(MAX_VALUE_BYTES * 4) // 3 + 4, description="base64")]
 
 
@@ -46,8 +49,8 @@ class JoinRequest(Strict):
     """Join the first epoch newer than `after_epoch` (0 at start) that includes the worker."""
 
     worker_id: str = Field(min_length=1, max_length=WORKER_ID_MAX_LENGTH)
-    after_epoch: int = Field(default=0, ge=0)
-    pid: int = Field(default=0, ge=0)
+    after_epoch: Epoch = 0
+    pid: int = Field(default=0, ge=0, le=MAX_PID)
     timeout: float = Field(default=30.0, ge=0.0, le=MAX_WAIT_SECONDS)
 
 
@@ -64,7 +67,7 @@ class JoinResponse(Strict):
 
 
 class KeyRequest(Strict):
-    epoch: int = Field(ge=0)
+    epoch: Epoch
     key: KeyName
 
 
@@ -94,7 +97,7 @@ class CompareSetRequest(KeyRequest):
 
 
 class KeysRequest(Strict):
-    epoch: int = Field(ge=0)
+    epoch: Epoch
     keys: list[KeyName] = Field(max_length=MAX_KEYS_PER_REQUEST)
 
 
@@ -111,7 +114,7 @@ class DeleteResponse(Strict):
 
 
 class EpochRequest(Strict):
-    epoch: int = Field(ge=0)
+    epoch: Epoch
 
 
 class CountResponse(Strict):

@@ -18,6 +18,7 @@ import grpc
 from grpc import aio
 
 from elastic.driver.control.events import ControlEvent, EpochBroken, HostsUpdated, WorkerListener
+from elastic.driver.tls import TlsIdentity
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
 from elastic.protocol.env import AUTH_SCHEME
@@ -216,6 +217,7 @@ class _ControlService(pb_grpc.ControlServicer):
 class ControlServer:
     """The control service on `host:port` (port 0: a free one, known after `start`).
 
+    With `tls` it accepts TLS connections only, presenting that identity.
     Every call needs `authorization: Bearer <token>` (else UNAUTHENTICATED). A listener
     answering False becomes NOT_FOUND; a listener raising becomes UNAVAILABLE (the worker
     retries). Runs on the event loop that calls `start`.
@@ -229,6 +231,7 @@ class ControlServer:
         port: int = 0,
         *,
         heartbeat_interval: float = 1.0,
+        tls: TlsIdentity | None = None,
     ) -> None:
         if not token:
             raise ValueError("the control service needs a job token")
@@ -239,6 +242,7 @@ class ControlServer:
         self.host = host
         self._requested_port = port
         self.heartbeat_interval = heartbeat_interval
+        self._credentials = tls.grpc_server_credentials() if tls is not None else None
         self._server: aio.Server | None = None
         self._port: int | None = None
         self._stopping: asyncio.Event | None = None
@@ -264,7 +268,11 @@ class ControlServer:
             _ControlService(self._listener, self.heartbeat_interval, self._stopping), server
         )
         host = f"[{self.host}]" if ":" in self.host else self.host
-        port = server.add_insecure_port(f"{host}:{self._requested_port}")
+        target = f"{host}:{self._requested_port}"
+        if self._credentials is not None:
+            port = server.add_secure_port(target, self._credentials)
+        else:
+            port = server.add_insecure_port(target)
         if port == 0:  # older grpcio answers 0 instead of raising
             raise RuntimeError(f"cannot bind the control service to {host}:{self._requested_port}")
         await server.start()

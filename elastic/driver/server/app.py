@@ -4,34 +4,68 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from elastic.driver.server import kv, rendezvous, status
-from elastic.driver.server.auth import require_token
+from elastic.driver.server.auth import TokenGate, require_token
+from elastic.driver.server.limits import MAX_BODY_BYTES, BodyLimit
 from elastic.driver.server.services import Services
+from elastic.driver.tls import TlsIdentity
 from elastic.protocol.http import ErrorResponse
 
 log = logging.getLogger(__name__)
 
 
-def create_app(services: Services) -> FastAPI:
-    """The HTTP API; every route requires the job token."""
+class _AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: a field name in a 422 answer comes from the
+    peer and may hold lone surrogates, which UTF-8 cannot encode."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False).encode()
+
+
+def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    """Where and why a body was refused, without echoing the offending input back (it may be
+    megabytes long, NaN, or not encodable)."""
+    return [{k: e[k] for k in ("loc", "msg", "type") if k in e} for e in exc.errors()]
+
+
+def create_app(services: Services, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The HTTP API; every route requires the job token.
+
+    A request without the token is refused (401) from its headers, before its body is read; a
+    body over `max_body_bytes` is refused (413) before it is parsed (see `TokenGate`, `BodyLimit`).
+    """
     app = FastAPI(
         title="elasticrun driver",
         version="1",
         dependencies=[Depends(require_token)],
-        responses={401: {"model": ErrorResponse}, 422: {"description": "malformed request"}},
+        responses={
+            401: {"model": ErrorResponse},
+            413: {"model": ErrorResponse, "description": "request body too large"},
+            422: {"description": "malformed request"},
+        },
     )
     app.state.services = services
     app.state.refused_peers = set()
     for module in (rendezvous, kv, status):
         app.include_router(module.router)
+    # The last middleware added runs first: the token is checked before the body is counted.
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(TokenGate)
+
+    @app.exception_handler(RequestValidationError)
+    async def malformed(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _AsciiJSONResponse({"detail": _validation_errors(exc)}, status_code=422)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -50,9 +84,16 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class HttpServer:
-    """uvicorn on an already-bound socket, so the port is known before workers launch."""
+    """uvicorn on an already-bound socket, so the port is known before workers launch.
 
-    def __init__(self, app: FastAPI, host: str, port: int = 0) -> None:
+    With `tls` it serves HTTPS only (a plain-HTTP client fails its request) and `url` starts
+    with https://; the SSLContext is built here, so a bad identity raises before serving.
+    """
+
+    def __init__(
+        self, app: FastAPI, host: str, port: int = 0, tls: TlsIdentity | None = None
+    ) -> None:
+        ssl_context = tls.server_ssl_context() if tls is not None else None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when
         # the listening socket says TCP; without it each answer waits ~40 ms for a delayed ACK.
@@ -61,8 +102,15 @@ class HttpServer:
         self._socket.bind((host, port))
         self.host = host
         self.port = self._socket.getsockname()[1]
+        self.tls = tls
         config = uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=75
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=75,
+            # The context holds the key in memory: no key file for uvicorn to read.
+            ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context else None,
         )
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None
@@ -70,7 +118,8 @@ class HttpServer:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))

@@ -1,4 +1,10 @@
-"""The one authentication check every route depends on."""
+"""The one authentication check: a route dependency, and the same check at the ASGI door.
+
+`TokenGate` refuses a request without the job token from its headers alone, before its body
+is read, so each request of a flood of unauthenticated ones costs the driver a header lookup
+and a ~100-byte answer, however large its body, and none of them waits in line for anything.
+`require_token` stays on every route, so a route is guarded even where the gate is absent.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +13,16 @@ import logging
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from elastic.driver.server.limits import refusal
 from elastic.driver.server.services import Services
 from elastic.protocol.env import AUTH_SCHEME
 
 log = logging.getLogger(__name__)
+
+UNAUTHORIZED = "missing or wrong job token"
+MAX_LOGGED_PEERS = 1024  # distinct refused peers remembered; later ones are not logged
 
 
 def services(request: Request) -> Services:
@@ -21,22 +32,59 @@ def services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(services)]
 
 
+def token_matches(authorization: bytes, token: str) -> bool:
+    """Whether an `Authorization` header value is `Bearer <token>`; constant time in the
+    token's content."""
+    scheme, _, given = authorization.partition(b" ")
+    return scheme == AUTH_SCHEME.encode() and hmac.compare_digest(given, token.encode())
+
+
+def note_refusal(refused: set[str], peer: str) -> None:
+    """Log a refused peer the first time only (and at most `MAX_LOGGED_PEERS` of them)."""
+    if peer in refused or len(refused) > MAX_LOGGED_PEERS:
+        return
+    refused.add(peer)
+    if len(refused) > MAX_LOGGED_PEERS:
+        log.warning("refused unauthenticated HTTP requests from many peers; no longer logging")
+    else:
+        log.warning("refused an unauthenticated HTTP request from %s", peer)
+
+
 def require_token(request: Request) -> None:
     """Raise 401 unless the request carries `Authorization: Bearer <job token>`.
 
     The comparison takes constant time; a refused peer is logged once.
     """
-    expected = services(request).token
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme == AUTH_SCHEME and hmac.compare_digest(given.encode(), expected.encode()):
+    given = request.headers.get("authorization", "").encode("latin-1")
+    if token_matches(given, services(request).token):
         return
-    peer = request.client.host if request.client else "unknown"
-    refused: set[str] = request.app.state.refused_peers
-    if peer not in refused:
-        refused.add(peer)
-        log.warning("refused an unauthenticated HTTP request from %s", peer)
-    raise HTTPException(
-        status.HTTP_401_UNAUTHORIZED,
-        "missing or wrong job token",
-        headers={"WWW-Authenticate": AUTH_SCHEME},
+    note_refusal(
+        request.app.state.refused_peers, request.client.host if request.client else "unknown"
     )
+    raise HTTPException(
+        status.HTTP_401_UNAUTHORIZED, UNAUTHORIZED, headers={"WWW-Authenticate": AUTH_SCHEME}
+    )
+
+
+class TokenGate:
+    """Pure ASGI middleware: answers 401 (`WWW-Authenticate: Bearer`, connection closed) to an
+    HTTP request without the job token, before reading any of its body.
+
+    The token and the set of refused peers are read from the Starlette app serving the
+    request (`app.state.services`, `app.state.refused_peers`), as `require_token` reads them.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            state = scope["app"].state
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not token_matches(given, state.services.token):
+                client = scope.get("client")
+                note_refusal(state.refused_peers, client[0] if client else "unknown")
+                answer = refusal(401, UNAUTHORIZED, {"WWW-Authenticate": AUTH_SCHEME})
+                await answer(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

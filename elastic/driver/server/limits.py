@@ -1,0 +1,84 @@
+"""What one HTTP request may cost the driver: a bounded body, refused before it is parsed."""
+
+from __future__ import annotations
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# The largest legitimate body is a compare_set with two 4 MiB values, base64 in JSON (~11.2 MiB),
+# or a check/wait naming 1024 keys of 1024 characters each; 16 MiB covers both.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def refusal(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """An error answer (`{"detail": ...}`) that also closes the connection: the server then
+    drops whatever the peer still sends instead of reading it to find the next request."""
+    return JSONResponse(
+        {"detail": detail}, status, headers={**(headers or {}), "Connection": "close"}
+    )
+
+
+def _declared_length(scope: Scope) -> int | None:
+    """The request's Content-Length, or None when it has none (chunked) or an unreadable one."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+class BodyLimit:
+    """Pure ASGI middleware: a request whose body exceeds `max_bytes` gets 413 and is never
+    parsed.
+
+    A declared Content-Length over the limit is refused before a byte of the body is read; a
+    body without one (chunked) is counted as it arrives and refused as soon as it passes the
+    limit. A body within the limit is read whole here and handed to the app, which reads every
+    body whole anyway (JSON). A peer that disconnects mid-body gets no answer.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = refusal(413, f"request body exceeds {self.max_bytes} bytes")
+        declared = _declared_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await too_large(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # http.disconnect: nobody is left to answer
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await too_large(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that yields the already-read body once, then defers to the server's (which
+    then reports the disconnect that long-polling routes may watch for)."""
+    pending = True
+
+    async def replay() -> Message:
+        nonlocal pending
+        if pending:
+            pending = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
