@@ -10,13 +10,19 @@ import signal
 import sys
 from typing import NoReturn
 
+from elastic.driver.backend_flags import add_backend_flags, backend_settings
 from elastic.driver.cooldown import validate_cooldown_range
 from elastic.driver.discovery import DiscoveryError, ScriptDiscovery
-from elastic.driver.errors import LaunchError, UsageError
+from elastic.driver.errors import LaunchError, UsageError, positive
 from elastic.driver.hosts import HostSpec, parse_host_list, read_hostfile
 from elastic.driver.job import Job
 from elastic.driver.launch.ssh import SshOptions
-from elastic.driver.settings import ElasticSettings, Settings
+from elastic.driver.settings import BackendSettings, ElasticSettings, Settings
+from elastic.driver.state.backend import StateBackend
+from elastic.driver.state.etcd import EtcdBackend
+from elastic.driver.state.memory import MemoryBackend
+from elastic.driver.status_command import status_main
+from elastic.driver.tls import TlsIdentity
 
 log = logging.getLogger("elasticrun")
 
@@ -26,6 +32,8 @@ examples:
   elasticrun -np 4 -H host1:2,host2:2 python train.py
   elasticrun -np 8 --hostfile hosts.txt --output-filename logs/ python train.py
   elasticrun -np 2 --min-np 1 --max-np 8 --host-discovery-script ./hosts.sh python train.py
+  elasticrun --backend etcd --etcd-endpoints 10.0.0.5:2379 --job-id run7 -np 4 python train.py
+  elasticrun status --job-id run7 --etcd-endpoints 10.0.0.5:2379
 """
 
 
@@ -167,15 +175,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="kill a discovery script that runs longer (default 10)",
     )
+    security = parser.add_argument_group("security")
+    security.add_argument(
+        "--tls",
+        action="store_true",
+        help="serve HTTPS and TLS gRPC with a self-signed certificate made for this job; "
+        "workers trust exactly that certificate",
+    )
+    security.add_argument(
+        "--tls-cert", metavar="FILE", help="TLS certificate (PEM) to serve with (implies --tls)"
+    )
+    security.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
+    add_backend_flags(parser)
     parser.add_argument("--verbose", action="store_true", help="log the driver's decisions")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return parser  # fmt: skip
-
-
-def _positive(value: float, flag: str) -> float:
-    if not value > 0:
-        raise UsageError(f"{flag} must be positive, got {value:g}")
-    return value
 
 
 def parse_settings(argv: list[str]) -> Settings:
@@ -203,7 +217,12 @@ def parse_settings(argv: list[str]) -> Settings:
         raise UsageError(f"--ssh-identity-file: no such file {args.ssh_identity_file}")
     if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
         raise UsageError(f"--ssh-port must be 1-65535, got {args.ssh_port}")
-    start_timeout = _positive(args.start_timeout, "--start-timeout")
+    start_timeout = positive(args.start_timeout, "--start-timeout")
+    backend = backend_settings(args)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise UsageError("--tls-cert and --tls-key go together")
+    if args.tls_cert is not None:
+        TlsIdentity.load(args.tls_cert, args.tls_key)  # one clear line now, not at launch
     return Settings(
         np=args.np,
         hosts=hosts,
@@ -217,10 +236,14 @@ def parse_settings(argv: list[str]) -> Settings:
         start_timeout=start_timeout,
         network_interface=args.network_interface,
         verbose=args.verbose,
-        stop_grace=_positive(args.stop_grace, "--stop-grace"),
-        collective_timeout=_positive(args.collective_timeout, "--collective-timeout"),
-        heartbeat_interval=_positive(args.heartbeat_interval, "--heartbeat-interval"),
+        stop_grace=positive(args.stop_grace, "--stop-grace"),
+        collective_timeout=positive(args.collective_timeout, "--collective-timeout"),
+        heartbeat_interval=positive(args.heartbeat_interval, "--heartbeat-interval"),
         elastic=elastic,
+        backend=backend,
+        tls=args.tls or args.tls_cert is not None,
+        tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else None,
+        tls_key=os.path.abspath(args.tls_key) if args.tls_key else None,
     )
 
 
@@ -253,16 +276,24 @@ def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
         max_np=args.max_np,
         discovery_script=script,
         slots_per_host=args.slots_per_host,
-        discovery_interval=_positive(args.discovery_interval, "--discovery-interval"),
-        discovery_timeout=_positive(args.discovery_timeout, "--discovery-timeout"),
-        elastic_timeout=_positive(args.elastic_timeout, "--elastic-timeout"),
+        discovery_interval=positive(args.discovery_interval, "--discovery-interval"),
+        discovery_timeout=positive(args.discovery_timeout, "--discovery-timeout"),
+        elastic_timeout=positive(args.elastic_timeout, "--elastic-timeout"),
         reset_limit=args.reset_limit,
         cooldown_range=validate_cooldown_range(*args.blacklist_cooldown_range),
     )
 
 
+def make_backend(settings: BackendSettings) -> StateBackend:
+    if settings.etcd is not None:
+        return EtcdBackend(settings.etcd)
+    return MemoryBackend()
+
+
 async def _run(settings: Settings) -> int:
-    job = Job(settings)
+    job = Job(settings, backend=make_backend(settings.backend))
+    if settings.backend.durable:
+        log.info("job %s (state in etcd)", job.job_id)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, job.request_stop, sig)
@@ -272,8 +303,11 @@ async def _run(settings: Settings) -> int:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="elasticrun: %(message)s", level=logging.WARNING)
     log.setLevel(logging.INFO)  # epochs, launches and leaves; --verbose adds the details
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["status"]:
+        return status_main(argv[1:])
     try:
-        settings = parse_settings(sys.argv[1:] if argv is None else argv)
+        settings = parse_settings(argv)
         if settings.verbose:
             log.setLevel(logging.DEBUG)
         code = asyncio.run(_run(settings))

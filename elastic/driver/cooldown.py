@@ -123,3 +123,11 @@ class Cooldown:
         """The host's counted failures (after decay by `record_success`)."""
         record = self._records.get(host)
         return record.failures if record else 0
+
+    def records(self) -> dict[str, tuple[int, float]]:
+        """Every host's (counted failures, end of its latest exclusion), to save."""
+        return {host: (r.failures, r.until) for host, r in self._records.items()}
+
+    def restore(self, host: str, failures: int, until: float) -> None:
+        """Put back a record saved by `records` (a restarted driver resuming a job)."""
+        self._records[host] = _Record(failures, until)

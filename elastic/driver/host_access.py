@@ -9,6 +9,7 @@ import logging
 from elastic.driver.errors import LaunchError, UsageError
 from elastic.driver.hosts import HostSpec
 from elastic.driver.launch.base import Launcher
+from elastic.driver.launch.detached import DetachedLauncher
 from elastic.driver.launch.local import LocalLauncher
 from elastic.driver.launch.ssh import SshLauncher, SshOptions
 from elastic.driver.network import interface_address, is_local, local_addresses, route_source
@@ -23,13 +24,16 @@ class HostAccess:
     other through ssh, once `check_reachable` has seen ssh answer.
     """
 
-    def __init__(self, ssh: SshOptions, stop_grace: float, ssh_timeout: float) -> None:
+    def __init__(
+        self, ssh: SshOptions, stop_grace: float, ssh_timeout: float, detached: bool = False
+    ) -> None:
         self._addresses = local_addresses()
         self._local: dict[str, bool] = {}
         self._unresolvable: set[str] = set()
         self._reachable: set[str] = set()
         self._ssh_timeout = ssh_timeout
-        self._local_launcher = LocalLauncher()
+        # Detached: local workers outlive the driver, under a keeper, output in files.
+        self._local_launcher: Launcher = DetachedLauncher() if detached else LocalLauncher()
         self._ssh_launcher = SshLauncher(ssh, stop_grace)
 
     def is_local(self, hostname: str) -> bool:

@@ -7,6 +7,7 @@ and the first failure ends it. An elastic job re-forms after every failure, join
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -30,18 +31,41 @@ from elastic.driver.discovery import (
 )
 from elastic.driver.errors import LaunchError, UsageError
 from elastic.driver.host_access import HostAccess
-from elastic.driver.hosts import HostSpec
+from elastic.driver.hosts import HostSpec, parse_host_list
 from elastic.driver.launch.base import WorkerSpec
+from elastic.driver.launch.detached import AdoptedProcess
 from elastic.driver.liveness import Limits, Verdict, judge
-from elastic.driver.output import OutputSink, pump
+from elastic.driver.output import OutputSink, follow, pump
 from elastic.driver.planning import free_slots, next_members
 from elastic.driver.rendezvous import Rendezvous
+from elastic.driver.resume import (
+    ADOPT_GRACE,
+    default_log_root,
+    describe_holder,
+    holder_alive,
+    holder_description,
+    settings_document,
+    settings_from,
+    worker_from,
+)
 from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.services import Services
 from elastic.driver.settings import Settings
-from elastic.driver.state.memory import MemoryKeyValueStore
+from elastic.driver.state.backend import BackendError, JobLocked, StateBackend
+from elastic.driver.state.memory import MemoryBackend, MemoryKeyValueStore
+from elastic.driver.state.record import (
+    CooldownRecord,
+    JobResult,
+    JobSecret,
+    JobSpec,
+    JobState,
+    WorkerRecord,
+)
+from elastic.driver.state.saver import StateSaver
+from elastic.driver.tls import TlsIdentity
 from elastic.driver.workers import Worker, WorkerState, stop_workers
 from elastic.protocol import env as worker_env
+from elastic.protocol.etcd import DriverAddress
 from elastic.protocol.http import HostStatus, JobStatus, WorkerStatus
 
 log = logging.getLogger("elasticrun")
@@ -64,20 +88,32 @@ class Job:
     SIGKILL after the grace period); in an elastic job 1 when a limit ends it (elastic
     timeout, reset limit) or the last failure's code when every worker failed; 128+N when the
     launcher itself received signal N. It raises `LaunchError` when the job cannot start. No
-    worker outlives `run()`.
+    worker outlives `run()`, except when this driver lost its job to another one.
+
+    With a durable backend, the job's state is saved as it changes, and a driver started
+    again with the same job id after this one died takes the job up: it re-adopts the
+    running workers instead of launching new ones.
     """
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
-        self.settings = settings
-        self.elastic = settings.elastic
-        self.job_id = uuid.uuid4().hex[:12]
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Callable[[], float] = time.monotonic,
+        backend: StateBackend | None = None,
+    ) -> None:
+        self.job_id = settings.backend.job_id or uuid.uuid4().hex[:12]
+        self._driver_id = uuid.uuid4().hex
+        self._backend = backend if backend is not None else MemoryBackend()
         self._token = secrets.token_urlsafe(32)
+        self._log_root = default_log_root(self.job_id)
         self._clock = clock
         self._kv = MemoryKeyValueStore()
         self._rendezvous = Rendezvous(on_wait=self._on_wait, on_join=self._on_join)
         self._workers: dict[str, Worker] = {}
         self._queues: dict[str, asyncio.Queue[ControlEvent]] = {}
-        self._hosts = HostAccess(settings.ssh, settings.stop_grace, settings.start_timeout)
+        self._saver: StateSaver | None = None
+        self._tls: TlsIdentity | None = None
+        self._abandoned = False  # another driver took the job: leave the workers running
         self._serial = 0
         self._resets = 0
         self._finishing = False
@@ -87,8 +123,20 @@ class Job:
         self._tasks: set[asyncio.Task[None]] = set()
         self._pumps: list[asyncio.Task[None]] = []
         self._result: asyncio.Future[int] | None = None
+        self._end_message = ""
         self._driver_url = ""
         self._control_address = ""
+        self._configure(settings)
+
+    def _configure(self, settings: Settings) -> None:
+        self.settings = settings
+        self.elastic = settings.elastic
+        self._hosts = HostAccess(
+            settings.ssh,
+            settings.stop_grace,
+            settings.start_timeout,
+            detached=settings.backend.durable,
+        )
         low, high = self.elastic.cooldown_range if self.elastic else (0.0, 0.0)
         self._tracker = HostTracker(Cooldown(low, high, random.Random()))
         self._discovery: HostDiscovery = (
@@ -105,20 +153,45 @@ class Job:
 
     async def run(self) -> int:
         self._result = asyncio.get_running_loop().create_future()
-        hosts = await self._first_hosts()
+        documents = await self._claim()
+        try:
+            return await self._run(documents)
+        finally:
+            await self._record_result()
+            await self._backend.release()
+            await self._backend.close()
+
+    async def _run(self, documents: dict[str, bytes]) -> int:
+        assert self._result is not None
+        resumed = "state" in documents
+        if resumed:
+            self._restore(documents)
+            hosts = list(self._tracker.hosts if self.elastic else self.settings.hosts)
+        else:
+            hosts = await self._first_hosts()
         address = self._hosts.bind_address(hosts, self.settings.network_interface)
-        http = HttpServer(
-            create_app(Services(self._token, self._kv, self._rendezvous, self.status)), address
+        services = Services(
+            self._token, self._kv, self._rendezvous, self.status, durable=self._durable
         )
+        self._tls = self._tls or self._tls_identity(address)
+        http = HttpServer(create_app(services), address, tls=self._tls)
         control = ControlServer(
-            self, self._token, address, heartbeat_interval=self.settings.heartbeat_interval
+            self,
+            self._token,
+            address,
+            heartbeat_interval=self.settings.heartbeat_interval,
+            tls=self._tls,
         )
         await http.start()
         await control.start()
         self._driver_url, self._control_address = http.url, control.address
         log.debug("job %s: HTTP API on %s, control on %s", self.job_id, http.url, control.address)
         try:
-            await self._launch_first_epoch(hosts)
+            await self._publish(new=not resumed)
+            if resumed:
+                self._adopt()
+            else:
+                await self._launch_first_epoch(hosts)
             self._spawn(self._watch_liveness())
             if self.elastic is not None:
                 self._spawn(self._follow_discovery())
@@ -126,10 +199,195 @@ class Job:
         finally:
             for task in self._tasks:
                 task.cancel()
-            await stop_workers(self._workers.values(), self.settings.stop_grace)
+            if self._abandoned:
+                for pump_task in self._pumps:
+                    pump_task.cancel()
+            else:
+                await stop_workers(self._workers.values(), self.settings.stop_grace)
             await asyncio.gather(*self._pumps, return_exceptions=True)
             await control.stop(grace=0.5)
             await http.stop()
+
+    def _tls_identity(self, address: str) -> TlsIdentity | None:
+        """The certificate to serve with: the user's, a new self-signed one, or none."""
+        if not self.settings.tls:
+            return None
+        if self.settings.tls_cert is not None and self.settings.tls_key is not None:
+            return TlsIdentity.load(self.settings.tls_cert, self.settings.tls_key)
+        return TlsIdentity.make_self_signed(sorted({address, "127.0.0.1", "localhost"}))
+
+    # --- the job's durable state -----------------------------------------------------------
+
+    async def _claim(self) -> dict[str, bytes]:
+        """Take the job in the backend and return what an earlier driver saved of it."""
+        try:
+            await self._backend.claim(
+                self.job_id, holder_description(self._driver_id), holder_alive, self._lost_job
+            )
+            documents = await self._backend.load()
+        except JobLocked as err:
+            raise LaunchError(
+                f"job {self.job_id} is already run by {describe_holder(str(err))}; "
+                "one job takes one driver (if that driver died, its claim expires within "
+                "10 s)"
+            ) from None
+        except BackendError as err:
+            raise LaunchError(f"cannot reach the state backend: {err}") from None
+        if "result" in documents:
+            await self._backend.release()
+            ended = JobResult.model_validate_json(documents["result"])
+            raise LaunchError(
+                f"job {self.job_id} already ended with exit code {ended.code}"
+                + (f": {ended.message}" if ended.message else "")
+            )
+        return documents
+
+    def _lost_job(self) -> None:
+        self._abandoned = True
+        self._finish(
+            1,
+            f"another driver took job {self.job_id} over (this driver's claim expired): "
+            "leaving the workers to it",
+        )
+
+    async def _publish(self, new: bool) -> None:
+        """Save the job's spec (new job) and this driver's address; start the saver."""
+        address = DriverAddress(
+            driver_id=self._driver_id,
+            url=self._driver_url,
+            control_address=self._control_address,
+            host=os.uname().nodename,
+            pid=os.getpid(),
+        )
+        documents = {"driver": address.model_dump_json().encode()}
+        if new:
+            spec = JobSpec(
+                job_id=self.job_id,
+                created=time.time(),
+                settings=settings_document(self.settings),
+                log_root=self._log_root,
+            )
+            documents["spec"] = spec.model_dump_json().encode()
+            secret = JobSecret(token=self._token)
+            if self._tls is not None:  # workers pin it: a restarted driver must present it
+                secret.tls_cert = self._tls.cert_pem.decode()
+                secret.tls_key = self._tls.key_pem.decode()
+            documents["secret"] = secret.model_dump_json().encode()
+            documents["state"] = self._snapshot()
+        try:
+            await self._backend.save(documents, expiring=frozenset({"driver"}))
+        except BackendError as err:
+            raise LaunchError(f"cannot save the job in the state backend: {err}") from None
+        if self._backend.durable:
+            self._saver = StateSaver(
+                self._backend, self._snapshot, self.settings.backend.grace, self._lost_job
+            )
+            self._spawn(self._saver.run())
+
+    async def _durable(self) -> None:
+        """Wait (briefly) until the state the workers are about to be told is saved."""
+        if self._saver is not None:
+            await self._saver.flush()
+
+    def _snapshot(self) -> bytes:
+        ended = [w for w in self._workers.values() if not w.state.alive]
+        kept = [w for w in self._workers.values() if w.state.alive] + ended[-100:]
+        cooldown = self._tracker.cooldown
+        wall = time.time() - self._clock()
+        state = JobState(
+            epoch=self._rendezvous.epoch,
+            members=self._rendezvous.members,
+            workers=[
+                WorkerRecord(
+                    worker_id=w.worker_id,
+                    hostname=w.hostname,
+                    host_slot=w.host_slot,
+                    state=w.state.value,
+                    process_id=w.launcher_pid,
+                    pid=w.pid,
+                    exit_code=w.exit_code,
+                    registered=w.registered,
+                    joined=w.joined,
+                    exiting=w.exiting,
+                    log_dir=w.log_dir,
+                    offsets=w.offsets,
+                )
+                for w in kept
+            ],
+            discovered=[f"{h.hostname}:{h.slots}" for h in self._tracker.discovered_hosts],
+            cooldowns=[
+                CooldownRecord(hostname=host, failures=failures, until=until + wall)
+                for host, (failures, until) in cooldown.records().items()
+            ],
+            serial=self._serial,
+            resets=self._resets,
+            update_version=self._update_version,
+            finishing=self._finishing,
+        )
+        return state.model_dump_json().encode()
+
+    def _restore(self, documents: dict[str, bytes]) -> None:
+        """Take the job up as the saved documents describe it (the saved settings win)."""
+        spec = JobSpec.model_validate_json(documents["spec"])
+        settings = settings_from(spec.settings, self.settings.backend)
+        if self.settings.command and self.settings.command != settings.command:
+            log.warning(
+                "job %s runs %s (as first started); ignoring this command line's command",
+                self.job_id,
+                " ".join(settings.command),
+            )
+        self._configure(settings)
+        self._log_root = spec.log_root
+        secret = JobSecret.model_validate_json(documents["secret"])
+        self._token = secret.token
+        if secret.tls_cert is not None and secret.tls_key is not None:
+            self._tls = TlsIdentity(secret.tls_cert.encode(), secret.tls_key.encode())
+        state = JobState.model_validate_json(documents["state"])
+        self._serial, self._resets = state.serial, state.resets
+        self._update_version = state.update_version
+        for record in state.workers:
+            worker = worker_from(record.model_dump())
+            worker.launcher_pid = record.process_id
+            self._workers[worker.worker_id] = worker
+        self._rendezvous.restore(
+            state.epoch, [(w, self._workers[w].hostname) for w in state.members]
+        )
+        wall = time.time() - self._clock()
+        for saved in state.cooldowns:
+            self._tracker.cooldown.restore(saved.hostname, saved.failures, saved.until - wall)
+        if state.discovered:
+            self._tracker.discovered(parse_host_list(",".join(state.discovered)), self._clock())
+        if state.finishing:
+            self._finishing = True
+            self._rendezvous.close()
+        log.info(
+            "resuming job %s at epoch %d: %d worker(s) to re-adopt",
+            self.job_id,
+            state.epoch,
+            sum(1 for w in self._workers.values() if w.state.alive),
+        )
+
+    def _adopt(self) -> None:
+        """Watch the workers an earlier driver launched, as if this one had."""
+        now = self._clock()
+        for worker in self._workers.values():
+            if not worker.state.alive:
+                continue
+            worker.process = AdoptedProcess(worker.launcher_pid, worker.log_dir)
+            worker.launched_at = now
+            worker.last_heartbeat = now + ADOPT_GRACE  # it has to find this driver first
+            self._follow_output(worker, self._folder(worker))
+            self._spawn(self._await_exit(worker))
+
+    async def _record_result(self) -> None:
+        """Save how the job ended (not when this driver merely lost it)."""
+        if self._abandoned or self._result is None or not self._result.done():
+            return
+        result = JobResult(code=self._result.result(), message=self._end_message, ended=time.time())
+        with contextlib.suppress(BackendError):
+            await self._backend.save(
+                {"state": self._snapshot(), "result": result.model_dump_json().encode()}
+            )
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coroutine)
@@ -153,6 +411,7 @@ class Job:
         if self._result is not None and not self._result.done():
             if message:
                 (log.error if code else log.info)("%s", message)
+            self._end_message = message or ""
             self._result.set_result(code)
 
     def request_stop(self, signum: int) -> None:
@@ -196,6 +455,7 @@ class Job:
         self._rendezvous.form([(w.worker_id, w.hostname) for w in workers])
         for worker in workers:
             worker.state = WorkerState.MEMBER
+        self._save_soon()
         for worker in workers:
             await self._start(worker)
         (log.info if self.elastic else log.debug)(
@@ -207,7 +467,7 @@ class Job:
     def _new_worker(self, hostname: str, host_slot: int) -> Worker:
         self._serial += 1
         worker_id = f"{hostname}[{host_slot}]#{self._serial}"
-        worker = Worker(worker_id, hostname, host_slot, process=None)  # type: ignore[arg-type]
+        worker = Worker(worker_id, hostname, host_slot, process=None)
         worker.launched_at = self._clock()
         self._workers[worker_id] = worker
         return worker
@@ -223,9 +483,23 @@ class Job:
             worker_env.COLLECTIVE_TIMEOUT: self.settings.collective_timeout,
             worker_env.ELASTIC: int(self.elastic is not None),
             worker_env.TOKEN: self._token,
+            **({worker_env.TLS_CERT: self._tls.cert_pem.decode()} if self._tls else {}),
             "PYTHONUNBUFFERED": "1",
             "GRPC_VERBOSITY": os.environ.get("GRPC_VERBOSITY", "ERROR"),
         }
+        etcd = self.settings.backend.etcd
+        if etcd is not None:  # workers find a restarted driver through etcd
+            optional = {
+                worker_env.ETCD_CA_CERT: etcd.ca_cert,
+                worker_env.ETCD_CERT: etcd.cert,
+                worker_env.ETCD_KEY: etcd.key,
+                worker_env.ETCD_USER: etcd.user,
+                worker_env.ETCD_PASSWORD: etcd.password,
+            }
+            values.update({name: value for name, value in optional.items() if value})
+            values[worker_env.ETCD_ENDPOINTS] = ",".join(f"{h}:{p}" for h, p in etcd.endpoints)
+            values[worker_env.ETCD_PREFIX] = etcd.prefix
+            values[worker_env.DRIVER_WAIT] = self.settings.backend.driver_wait
         slot = self._rendezvous.slot_of(worker.worker_id)
         if slot is not None:  # the epoch it starts in is already formed
             values.update(
@@ -253,15 +527,22 @@ class Job:
 
         return label
 
+    def _folder(self, worker: Worker) -> str:
+        """The worker's folder under --output-filename: its first rank, else its serial."""
+        slot = self._rendezvous.slot_of(worker.worker_id)
+        return f"rank.{slot.rank}" if slot is not None else f"worker.{worker.serial}"
+
     async def _start(self, worker: Worker) -> None:
         """Start `worker`'s process; a failure to start fails the worker (static: the job)."""
-        slot = self._rendezvous.slot_of(worker.worker_id)
-        folder = f"rank.{slot.rank}" if slot is not None else f"worker.{self._serial}"
+        folder = self._folder(worker)
+        if self.settings.backend.durable and self._hosts.is_local(worker.hostname):
+            worker.log_dir = os.path.join(self._log_root, f"worker.{worker.serial}")
         spec = WorkerSpec(
             hostname=worker.hostname,
             command=self.settings.command,
             env=self._worker_env(worker),
             cwd=os.getcwd(),
+            log_dir=worker.log_dir,
         )
         try:
             worker.process = await self._hosts.launcher(worker.hostname).launch(spec)
@@ -271,13 +552,28 @@ class Job:
             worker.state = WorkerState.FAILED
             self._host_failed(worker.hostname, str(err))
             return
-        for stream, reader in (
-            ("stdout", worker.process.stdout),
-            ("stderr", worker.process.stderr),
-        ):
-            sink = OutputSink(self._label(worker), stream, self.settings.output_dir, folder)
-            self._pumps.append(asyncio.create_task(pump(reader, sink)))
+        worker.launcher_pid = worker.process.pid
+        self._follow_output(worker, folder)
         self._spawn(self._await_exit(worker))
+
+    def _follow_output(self, worker: Worker, folder: str) -> None:
+        """Show the worker's output, from its pipes or (detached) from its files."""
+        for stream in ("stdout", "stderr"):
+            sink = OutputSink(self._label(worker), stream, self.settings.output_dir, folder)
+            if worker.log_dir is not None:
+                source = follow(
+                    os.path.join(worker.log_dir, stream),
+                    sink,
+                    worker.offsets.get(stream, 0),
+                    ended=lambda: worker.exit_code is not None,
+                    at=lambda offset, stream=stream: worker.offsets.__setitem__(stream, offset),
+                )
+            elif worker.process is not None:
+                reader = worker.process.stdout if stream == "stdout" else worker.process.stderr
+                source = pump(reader, sink)
+            else:
+                continue
+            self._pumps.append(asyncio.create_task(source))
 
     async def _await_exit(self, worker: Worker) -> None:
         code = await worker.process.wait()
@@ -401,6 +697,7 @@ class Job:
         self._spawn(self._kv.delete_prefix(Rendezvous.epoch_prefix(epoch - 2)))
         for worker_id in members:
             self._workers[worker_id].state = WorkerState.MEMBER
+        self._save_soon()
         added = [w for w in members if w not in previous]
         removed = [w for w in previous if w not in members]
         self._update_version += 1
@@ -419,6 +716,10 @@ class Job:
             _host_summary([self._workers[w] for w in members]),
             why,
         )
+
+    def _save_soon(self) -> None:
+        if self._saver is not None:
+            self._saver.request()
 
     def _scale(self) -> None:
         """Launch workers on free slots of usable hosts, up to --max-np workers."""

@@ -1,4 +1,7 @@
-"""Workers' output: tagged by rank on the launcher's stdout/stderr, optionally also to files."""
+"""Workers' output: tagged by rank on the launcher's stdout/stderr, optionally also to files.
+
+It comes from the worker's pipes (`pump`) or, for a detached worker, from its files (`follow`).
+"""
 
 from __future__ import annotations
 
@@ -53,6 +56,44 @@ async def pump(reader: asyncio.StreamReader, sink: OutputSink) -> None:
             if len(pending) > _CHUNK:
                 sink.write_line(pending)
                 pending = b""
+        if pending:
+            sink.write_line(pending)
+    finally:
+        sink.close()
+
+
+FOLLOW_POLL = 0.05  # seconds between looks at a followed file that has nothing new
+
+
+async def follow(
+    path: str, sink: OutputSink, offset: int, ended: Callable[[], bool], at: Callable[[int], None]
+) -> None:
+    """Copy `path` to `sink` line by line from byte `offset`, as it grows, until `ended()`
+    holds and the file is drained; `at(offset)` is told how far it has been shown."""
+    pending = b""
+    try:
+        while not Path(path).exists():
+            if ended():
+                return
+            await asyncio.sleep(FOLLOW_POLL)
+        with open(path, "rb") as source:
+            source.seek(offset)
+            while True:
+                finished = ended()  # read after this: nothing written before it is missed
+                chunk = source.read(_CHUNK)
+                if not chunk:
+                    if finished:
+                        break
+                    await asyncio.sleep(FOLLOW_POLL)
+                    continue
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    sink.write_line(line + b"\n")
+                if len(pending) > _CHUNK:
+                    sink.write_line(pending)
+                    pending = b""
+                at(source.tell() - len(pending))
         if pending:
             sink.write_line(pending)
     finally:

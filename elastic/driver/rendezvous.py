@@ -75,6 +75,12 @@ class Rendezvous:
         self._changes.notify()
         return self.epoch
 
+    def restore(self, epoch: int, members: list[tuple[str, str]]) -> None:
+        """Take up epoch `epoch` with `members` as an earlier driver formed it (same slots);
+        wakes nobody: its members already have their slots."""
+        self.form(members)
+        self.epoch = epoch
+
     def exclude(self, worker_id: str) -> None:
         """Tell `worker_id` at its next join that it is no longer part of the job."""
         self._excluded.add(worker_id)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from elastic.driver.hosts import HostSpec
 from elastic.driver.launch.ssh import SshOptions
+from elastic.protocol.etcd import EtcdOptions
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,20 @@ class ElasticSettings:
 
 
 @dataclass(frozen=True)
+class BackendSettings:
+    """Where the job's state lives. Not saved with the job: each driver gets its own."""
+
+    etcd: EtcdOptions | None = None  # None: in the driver's memory
+    job_id: str | None = None  # None: a new job with a fresh id
+    grace: float = 60.0  # seconds of etcd outage before the driver says so loudly
+    driver_wait: float = 300.0  # seconds workers wait for a restarted driver
+
+    @property
+    def durable(self) -> bool:
+        return self.etcd is not None
+
+
+@dataclass(frozen=True)
 class Settings:
     np: int | None  # initial number of workers; None in elastic mode means every usable slot
     hosts: list[HostSpec]
@@ -36,4 +51,8 @@ class Settings:
     stop_grace: float = 5.0
     collective_timeout: float = 1800.0
     heartbeat_interval: float = 1.0
+    tls: bool = False  # HTTPS and TLS gRPC; workers pin the driver's certificate
+    tls_cert: str | None = None  # PEM files; with `tls` and none given: self-signed per job
+    tls_key: str | None = None
     elastic: ElasticSettings | None = None
+    backend: BackendSettings = field(default_factory=BackendSettings)

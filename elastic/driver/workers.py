@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from elastic.driver.launch.base import WorkerProcess
 
@@ -41,6 +41,14 @@ class Worker:
     launched_at: float = 0.0
     last_heartbeat: float = 0.0
     stream_closed_at: float | None = None
+    launcher_pid: int | None = None  # the local process: the worker, its keeper or ssh client
+    log_dir: str | None = None  # a detached worker's output and exit status
+    offsets: dict[str, int] = field(default_factory=dict)  # output shown so far, per stream
+
+    @property
+    def serial(self) -> str:
+        """The number the driver gave this worker (its id's last part)."""
+        return self.worker_id.rpartition("#")[2]
 
 
 async def stop_workers(workers: Iterable[Worker], grace: float) -> None:

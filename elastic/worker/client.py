@@ -9,9 +9,10 @@ from typing import TypeVar
 import httpx
 from pydantic import BaseModel
 
-from elastic.protocol.env import AUTH_SCHEME
 from elastic.protocol.http import JoinRequest, JoinResponse, SlotInfo
+from elastic.worker.locator import DriverLocator
 from elastic.worker.retries import bounded_retries
+from elastic.worker.transport import http_client
 
 Response = TypeVar("Response", bound=BaseModel)
 
@@ -43,15 +44,31 @@ class DriverClient:
 
     A 4xx answer is not retried: it raises `DriverError` with the driver's message
     (`KeyNotFound` for 404). Thread-safe: torch may call the Store from its own threads.
+    While the driver is unreachable, `locator` is asked where it went (a restarted driver
+    publishes its new address in etcd). With `tls_cert`, the driver must present it.
     """
 
-    def __init__(self, url: str, token: str, retry_for: float = 60.0) -> None:
-        self._http = httpx.Client(
-            base_url=url,
-            headers={"Authorization": f"{AUTH_SCHEME} {token}"},
-            timeout=httpx.Timeout(10.0),
-        )
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        retry_for: float = 60.0,
+        *,
+        tls_cert: bytes | None = None,
+        locator: DriverLocator | None = None,
+    ) -> None:
+        self._http = http_client(url, token, tls_cert, httpx.Timeout(10.0))
+        self._url = url
         self._retry_for = retry_for
+        self._locator = locator
+
+    def _relocate(self, _: object = None) -> None:
+        """Between retries: follow the driver if it moved."""
+        if self._locator is None:
+            return
+        self._locator.refresh()
+        if self._locator.url != self._url:
+            self._url = self._http.base_url = self._locator.url
 
     def close(self) -> None:
         self._http.close()
@@ -60,7 +77,7 @@ class DriverClient:
         self, path: str, body: BaseModel, response: type[Response], wait: float = 0.0
     ) -> Response:
         """POST `body` and parse the answer; `wait` is how long the server may hold the call."""
-        retrying = bounded_retries(self._retry_for, _retryable)
+        retrying = bounded_retries(self._retry_for, _retryable, between=self._relocate)
         try:
             for attempt in retrying:
                 with attempt:

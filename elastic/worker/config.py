@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from elastic.protocol import env
+from elastic.protocol.etcd import EtcdOptions, parse_endpoints
 
 
 class NotLaunchedError(RuntimeError):
@@ -22,6 +23,16 @@ class WorkerConfig:
     elastic: bool
     start_timeout: float
     collective_timeout: float
+    job_id: str = ""
+    tls_cert: bytes | None = None  # the driver's certificate, pinned (TLS)
+    etcd: EtcdOptions | None = None  # where a restarted driver publishes its address
+    driver_wait: float = 300.0  # seconds to keep trying to reach a restarted driver
+
+    @property
+    def driver_retry_for(self) -> float:
+        """How long a call keeps retrying an unreachable driver: with etcd a restarted driver
+        may take a while; without, the driver is gone for good."""
+        return self.driver_wait if self.etcd is not None else self.start_timeout
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -41,4 +52,23 @@ class WorkerConfig:
             elastic=os.environ.get(env.ELASTIC) == "1",
             start_timeout=float(os.environ.get(env.START_TIMEOUT, "30")),
             collective_timeout=float(os.environ.get(env.COLLECTIVE_TIMEOUT, "1800")),
+            job_id=os.environ.get(env.JOB_ID, ""),
+            tls_cert=os.environ[env.TLS_CERT].encode() if os.environ.get(env.TLS_CERT) else None,
+            etcd=_etcd_from_env(),
+            driver_wait=float(os.environ.get(env.DRIVER_WAIT, "300")),
         )
+
+
+def _etcd_from_env() -> EtcdOptions | None:
+    endpoints = os.environ.get(env.ETCD_ENDPOINTS)
+    if not endpoints:
+        return None
+    return EtcdOptions(
+        endpoints=parse_endpoints(endpoints),
+        prefix=os.environ.get(env.ETCD_PREFIX, "/elasticrun"),
+        ca_cert=os.environ.get(env.ETCD_CA_CERT),
+        cert=os.environ.get(env.ETCD_CERT),
+        key=os.environ.get(env.ETCD_KEY),
+        user=os.environ.get(env.ETCD_USER),
+        password=os.environ.get(env.ETCD_PASSWORD),
+    )

@@ -21,8 +21,10 @@ import grpc
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
 from elastic.protocol.env import AUTH_SCHEME
+from elastic.worker.locator import DriverLocator
 from elastic.worker.membership import HostsUpdate, MembershipEvents
 from elastic.worker.retries import bounded_retries
+from elastic.worker.transport import control_channel
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +147,8 @@ class ControlClient:
         *,
         on_evicted: Callable[[], None] = exit_evicted,
         retry_for: float = 60.0,
+        tls_cert: bytes | None = None,
+        locator: DriverLocator | None = None,
     ) -> None:
         self.address = address
         self.worker_id = worker_id
@@ -153,7 +157,9 @@ class ControlClient:
         self._heartbeat_interval = heartbeat_interval_fallback
         self._on_evicted = on_evicted
         self._retry_for = retry_for
-        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._tls_cert = tls_cert
+        self._locator = locator
+        self._channel = control_channel(address, tls_cert, _CHANNEL_OPTIONS)
         self._stub = pb_grpc.ControlStub(self._channel)
         self._epoch = 0
         self._lock = threading.Lock()
@@ -183,7 +189,7 @@ class ControlClient:
         opens; the client is closed then."""
         try:
             answer = self._call(
-                self._stub.Register, pb.RegisterRequest(worker_id=self.worker_id, pid=os.getpid())
+                "Register", pb.RegisterRequest(worker_id=self.worker_id, pid=os.getpid())
             )
         except ControlError:
             self.close()
@@ -212,7 +218,7 @@ class ControlClient:
         """Ask the driver to let this worker leave at its next commit (no rollback, no
         cooldown). Retries for up to `retry_for` seconds; raises `WorkerEvicted` on NOT_FOUND
         and `ControlError` on any other refusal or when the driver stays unreachable."""
-        self._call(self._stub.Leave, pb.LeaveRequest(worker_id=self.worker_id, reason=reason))
+        self._call("Leave", pb.LeaveRequest(worker_id=self.worker_id, reason=reason))
 
     def close(self) -> None:
         """Stop both threads and close the channel: returns within about a second whatever
@@ -228,12 +234,32 @@ class ControlClient:
                 thread.join(timeout=1.0)
         atexit.unregister(self.close)
 
-    def _call(self, method: Callable[..., Answer], request: Any) -> Answer:
+    def _relocate(self, _: object = None) -> None:
+        """The driver is unreachable: if it now serves elsewhere (a restarted driver published
+        its new address in etcd), connect there. The old channel is closed, which ends calls
+        still waiting on it."""
+        if self._locator is None:
+            return
+        self._locator.refresh()
+        address = self._locator.control_address
+        with self._lock:
+            if self._stop.is_set() or address == self.address:
+                return
+            old, self._channel = (
+                self._channel,
+                control_channel(address, self._tls_cert, _CHANNEL_OPTIONS),
+            )
+            self._stub = pb_grpc.ControlStub(self._channel)
+            self.address = address
+        old.close()
+
+    def _call(self, method_name: str, request: Any) -> Answer:
         """One unary call with tenacity retries of transient failures for `retry_for` s."""
-        retrying = bounded_retries(self._retry_for, _retryable)
+        retrying = bounded_retries(self._retry_for, _retryable, between=self._relocate)
         try:
             for attempt in retrying:
                 with attempt:
+                    method = getattr(self._stub, method_name)
                     return method(request, timeout=CALL_TIMEOUT, metadata=self._metadata)
         except grpc.RpcError as err:
             code, details = _code(err), err.details()  # type: ignore[attr-defined]
@@ -286,8 +312,11 @@ class ControlClient:
                     self._evicted_by_driver()
                     return
                 outage.failed(err)
-            except ValueError:  # the channel was closed under us: we are stopping
-                return
+                self._relocate()
+            except ValueError:  # the channel was closed: we stop, or moved to a new driver
+                if self._stop.is_set():
+                    return
+                continue
             next_beat = max(next_beat + self._heartbeat_interval, time.monotonic())
             self._stop.wait(next_beat - time.monotonic())
 
@@ -301,8 +330,11 @@ class ControlClient:
                 call = self._stub.Events(
                     pb.EventsRequest(worker_id=self.worker_id), metadata=self._metadata
                 )
-            except ValueError:  # the channel was closed under us
-                return
+            except ValueError:  # the channel was closed: we stop, or moved to a new driver
+                if self._stop.is_set():
+                    return
+                self._stop.wait(backoff)
+                continue
             with self._lock:
                 self._stream = call
             if self._stop.is_set():  # close() ran before the call was visible to it
@@ -325,6 +357,7 @@ class ControlClient:
                     self._evicted_by_driver()
                     return
                 outage.failed(err)
+                self._relocate()
             finally:
                 with self._lock:
                     self._stream = None

@@ -13,6 +13,7 @@ from elastic.worker.client import DriverClient, EpochSuperseded, NotMemberError
 from elastic.worker.config import WorkerConfig
 from elastic.worker.control import ControlClient
 from elastic.worker.errors import WorkerLostError
+from elastic.worker.locator import DriverLocator
 from elastic.worker.membership import MembershipEvents
 from elastic.worker.process_group import abandon_group, create_group, device_for
 from elastic.worker.store import DriverStore
@@ -30,14 +31,23 @@ def init() -> None:
     if context.is_initialized():
         return
     config = WorkerConfig.from_env()
-    client = DriverClient(config.driver_url, config.token, retry_for=config.start_timeout)
+    locator = DriverLocator(config.driver_url, config.control_address, config.etcd, config.job_id)
+    client = DriverClient(
+        config.driver_url,
+        config.token,
+        retry_for=config.driver_retry_for,
+        tls_cert=config.tls_cert,
+        locator=locator,
+    )
     events = MembershipEvents()
     control = ControlClient(
         config.control_address,
         config.token,
         config.worker_id,
         events,
-        retry_for=config.start_timeout,
+        retry_for=config.driver_retry_for,
+        tls_cert=config.tls_cert,
+        locator=locator,
     )
     control.start()
     if config.elastic:

@@ -15,6 +15,7 @@ class WorkerSpec:
     command: list[str]
     env: dict[str, str]
     cwd: str
+    log_dir: str | None = None  # detached launch: the worker's output and exit status go here
 
 
 class WorkerProcess(ABC):
@@ -26,6 +27,9 @@ class WorkerProcess(ABC):
 
     stdout: asyncio.StreamReader
     stderr: asyncio.StreamReader
+    log_dir: str | None = None
+    """Set for a detached worker: its output is in `log_dir`/stdout and stderr, not on the
+    readers above."""
 
     @property
     @abstractmethod

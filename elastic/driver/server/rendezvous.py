@@ -20,4 +20,6 @@ async def join(body: JoinRequest, svc: ServicesDep) -> JoinResponse:
         return JoinResponse(status="not_member")
     if joined is None:
         return JoinResponse(status="pending")
+    if svc.durable is not None:
+        await svc.durable()
     return JoinResponse(status="formed", epoch=joined.epoch, slot=joined.slot)

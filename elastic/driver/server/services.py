@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from elastic.driver.rendezvous import Rendezvous
@@ -16,3 +16,5 @@ class Services:
     kv: KeyValueStore
     rendezvous: Rendezvous
     status: Callable[[], JobStatus]
+    durable: Callable[[], Awaitable[None]] | None = None
+    """Waits until the state workers are about to be told is saved (durable backends)."""

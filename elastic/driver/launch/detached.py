@@ -1,0 +1,137 @@
+"""Local workers that outlive the driver: each runs under a keeper (see `keeper.py`) in its own
+session, with its output in files. A restarted driver re-adopts them by the keeper's pid."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+from elastic.driver.errors import LaunchError
+from elastic.driver.launch.base import Launcher, WorkerProcess, WorkerSpec
+from elastic.driver.launch.keeper import EXIT_FILE
+
+UNKNOWN_EXIT = 255  # a worker that ended while no driver watched and left no exit status
+
+
+def exit_code_in(log_dir: str) -> int | None:
+    """The exit code the keeper recorded in `log_dir`, if it did."""
+    try:
+        return int((Path(log_dir) / EXIT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class _GroupSignals(WorkerProcess):
+    """Signals go to the keeper's whole process group (the keeper ignores the catchable
+    ones, so the worker decides, and the keeper records how it ended)."""
+
+    _pid: int
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def signal(self) -> int | None:
+        code = self._code
+        return code - 128 if code is not None and 128 < code < 160 else None
+
+    _code: int | None = None
+
+    def _send(self, sig: int) -> None:
+        if self._code is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._pid, sig)
+
+    def terminate(self) -> None:
+        self._send(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._send(signal.SIGKILL)
+
+
+class DetachedProcess(_GroupSignals):
+    """A keeper this driver started (its child while this driver lives)."""
+
+    def __init__(self, process: asyncio.subprocess.Process, log_dir: str) -> None:
+        self._process = process
+        self._pid = process.pid
+        self.log_dir = log_dir
+
+    async def wait(self) -> int:
+        returned = await self._process.wait()
+        self._code = 128 - returned if returned < 0 else returned
+        return self._code
+
+
+class AdoptedProcess(_GroupSignals):
+    """A keeper started by an earlier driver of the job; its end is seen through a pidfd.
+
+    `wait()` returns at once when the keeper is already gone (its recorded exit code, or
+    `UNKNOWN_EXIT` when none was recorded: it was SIGKILLed with its worker).
+    """
+
+    def __init__(self, pid: int | None, log_dir: str | None) -> None:
+        self._pid = pid or 0
+        self.log_dir = log_dir
+        self._pidfd: int | None = None
+        if pid is not None and log_dir is not None and _runs_keeper_of(pid, log_dir):
+            with contextlib.suppress(ProcessLookupError):
+                self._pidfd = os.pidfd_open(pid)
+        if self._pidfd is None:  # gone, or not detached (a remote worker ends with ssh)
+            recorded = exit_code_in(log_dir) if log_dir is not None else None
+            self._code = recorded if recorded is not None else UNKNOWN_EXIT
+
+    async def wait(self) -> int:
+        if self._pidfd is not None:
+            loop = asyncio.get_running_loop()
+            ended = loop.create_future()
+            loop.add_reader(self._pidfd, lambda: ended.done() or ended.set_result(None))
+            try:
+                await ended
+            finally:
+                loop.remove_reader(self._pidfd)
+                os.close(self._pidfd)
+                self._pidfd = None
+            # The keeper writes the code just before it exits.
+            assert self.log_dir is not None
+            recorded = exit_code_in(self.log_dir)
+            self._code = recorded if recorded is not None else UNKNOWN_EXIT
+        assert self._code is not None
+        return self._code
+
+
+def _runs_keeper_of(pid: int, log_dir: str) -> bool:
+    """Whether `pid` is still the keeper of `log_dir` (not a reused pid)."""
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"elastic.driver.launch.keeper" in arguments and log_dir.encode() in arguments
+
+
+class DetachedLauncher(Launcher):
+    """Starts `spec.command` under a keeper in a new session; output goes to `spec.log_dir`."""
+
+    async def launch(self, spec: WorkerSpec) -> WorkerProcess:
+        assert spec.log_dir is not None, "a detached worker needs a log directory"
+        os.makedirs(spec.log_dir, exist_ok=True)
+        keeper = [sys.executable, "-m", "elastic.driver.launch.keeper", spec.log_dir, "--"]
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *keeper,
+                *spec.command,
+                env=spec.env,
+                cwd=spec.cwd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as err:
+            raise LaunchError(f"cannot start the worker keeper: {err.strerror}") from None
+        return DetachedProcess(process, spec.log_dir)

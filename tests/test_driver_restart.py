@@ -1,0 +1,223 @@
+"""The etcd backend with real processes: a driver that dies (SIGKILL) and is started again
+takes its job up without restarting a worker; a second driver of a running job is refused;
+an etcd crash mid-training loses nothing. etcd is a real server started by the `etcd`
+fixture on loopback; workers write their output under the test's TMPDIR."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from elastic.driver.state.etcd import EtcdBackend
+from elastic.protocol.etcd import EtcdOptions, parse_endpoints
+from tests.conftest import ELASTICRUN, RunningJob, pids_alive
+from tests.etcd_server import EtcdServer
+from tests.test_elastic import assert_exactly_once, job_args, ranks_to_pids
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def durable_args(etcd: EtcdServer, job_id: str, *rest: str) -> list[str]:
+    return ["--backend", "etcd", "--etcd-endpoints", etcd.endpoint, "--job-id", job_id, *rest]
+
+
+def wait_for_file_line(path: Path, pattern: str, timeout: float = 30.0) -> re.Match[str]:
+    """The first line of `path` matching `pattern`, waiting for the file to grow."""
+    regex = re.compile(pattern)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            for line in path.read_text(errors="replace").splitlines():
+                if match := regex.search(line):
+                    return match
+        time.sleep(0.05)
+    raise AssertionError(f"no line matching {pattern!r} in {path} within {timeout} s")
+
+
+def kill_driver(job: RunningJob) -> None:
+    os.kill(job.process.pid, signal.SIGKILL)
+    job.process.wait()
+
+
+def status(etcd: EtcdServer, job_id: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*ELASTICRUN, "status", "--job-id", job_id, "--etcd-endpoints", etcd.endpoint, *extra],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def saved_token(etcd: EtcdServer, job_id: str) -> str:
+    backend = EtcdBackend(EtcdOptions(parse_endpoints(etcd.endpoint)))
+
+    async def read() -> dict[str, bytes]:
+        try:
+            return await backend.read(job_id)
+        finally:
+            await backend.close()
+
+    return json.loads(asyncio.run(read())["secret"])["token"]
+
+
+def test_a_restarted_driver_adopts_the_running_workers(
+    elasticrun, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    env = {"TMPDIR": str(tmp_path)}
+    args = durable_args(
+        etcd, "restart1", "-np", "2", "--min-np", "1", "-H", "localhost:2",
+        *job_args(tmp_path, "--step-delay", "0.1", epochs=3),
+    )  # fmt: skip
+    first = elasticrun(args, env)
+    pids = ranks_to_pids(first, 2)
+    first.wait_for(r"step 4 ")
+    kill_driver(first)
+    # No driver now: the workers go on training (their output is in their files).
+    log = tmp_path / "elasticrun-restart1" / "worker.1" / "stdout"
+    last = max(int(n) for n in re.findall(r"step (\d+) ", log.read_text()))
+    wait_for_file_line(log, rf"step {last + 3} ")
+
+    second = elasticrun(args, env)
+    second.wait_for(r"resuming job restart1 at epoch 1: 2 worker\(s\) to re-adopt")
+    assert second.finish(120) == 0, second.transcript()
+    started = {int(pid) for pid in re.findall(r"worker pid=(\d+)", second.output)}
+    assert started <= set(pids.values()), "no worker was started again"
+    assert "elasticrun: epoch 2" not in second.output, "no re-rendezvous was needed"
+    assert assert_exactly_once(tmp_path, epochs=3)["size"] == 2
+    assert re.search(r"\[\d\]<stdout>:done size 2", second.output), "output followed again"
+    shown = status(etcd, "restart1")
+    assert shown.returncode == 0 and "ended with exit code 0" in shown.stdout, shown
+
+
+def test_a_worker_killed_while_the_driver_is_away_is_handled_after_the_restart(
+    elasticrun, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    env = {"TMPDIR": str(tmp_path)}
+    args = durable_args(
+        etcd, "restart2", "-np", "2", "--min-np", "1", "-H", "localhost:2",
+        "--blacklist-cooldown-range", "300", "300",
+        *job_args(tmp_path, "--step-delay", "0.1", epochs=3),
+    )  # fmt: skip
+    first = elasticrun(args, env)
+    pids = ranks_to_pids(first, 2)
+    first.wait_for(r"step 4 ")
+    kill_driver(first)
+    os.kill(pids[1], signal.SIGKILL)
+
+    second = elasticrun(args, env)
+    second.wait_for(r"rank 1 on host localhost .*SIGKILL|rank 1 on host localhost", timeout=30)
+    second.wait_for(r"epoch 2: 1 worker\(s\)", timeout=60)
+    assert second.finish(120) == 0, second.transcript()
+    assert pids_alive([pids[0]]) == [], "the survivor finished the job"
+    assert assert_exactly_once(tmp_path, epochs=3)["size"] == 1
+
+
+def test_a_second_driver_of_a_running_job_is_refused(
+    elasticrun, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    env = {"TMPDIR": str(tmp_path)}
+    args = durable_args(
+        etcd, "twice", "-np", "1", *job_args(tmp_path, "--hold-at-step", "2",
+        "--hold-file", str(tmp_path / "go")),
+    )  # fmt: skip
+    first = elasticrun(args, env)
+    first.wait_for(r"holding for")
+    second = elasticrun(args, env)
+    assert second.finish(30) == 1
+    assert re.search(r"job twice is already run by the driver with pid \d+", second.output)
+    (tmp_path / "go").touch()
+    assert first.finish(60) == 0, first.transcript()
+
+
+def test_an_etcd_crash_mid_training_loses_nothing(
+    elasticrun, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    env = {"TMPDIR": str(tmp_path)}
+    hold = tmp_path / "go"
+    args = durable_args(
+        etcd, "outage", "-np", "2", "--min-np", "1", "-H", "localhost:2",
+        "--blacklist-cooldown-range", "300", "300", "--etcd-grace", "1",
+        *job_args(tmp_path, "--step-delay", "0.05", "--hold-at-step", "30",
+                  "--hold-file", str(hold), epochs=3),
+    )  # fmt: skip
+    job = elasticrun(args, env)
+    pids = ranks_to_pids(job, 2)
+    job.wait_for(r"step 4 ")
+    etcd.stop()  # SIGKILL
+    # A failure during the outage: the driver handles it from memory.
+    os.kill(pids[1], signal.SIGKILL)
+    job.wait_for(r"epoch 2: 1 worker\(s\)", timeout=30)
+    job.wait_for(r"job state not saved, retrying", timeout=30)
+    job.wait_for(r"unreachable for \d+ s \(grace 1 s", timeout=30)
+    etcd.start()
+    job.wait_for(r"reachable again after \d+ s; job state saved", timeout=30)
+    shown = status(etcd, "outage", "--json")
+    saved = json.loads(shown.stdout)
+    assert saved["state"]["epoch"] == 2, "the change made during the outage was saved"
+    assert "secret" not in saved and "token" not in shown.stdout
+    hold.touch()
+    assert job.finish(120) == 0, job.transcript()
+    assert assert_exactly_once(tmp_path, epochs=3)["size"] == 1
+
+
+def test_the_token_is_on_no_command_line(elasticrun, etcd: EtcdServer, tmp_path: Path) -> None:
+    env = {"TMPDIR": str(tmp_path)}
+    hold = tmp_path / "go"
+    args = durable_args(
+        etcd, "secret1", "-np", "2",
+        *job_args(tmp_path, "--hold-at-step", "2", "--hold-file", str(hold)),
+    )  # fmt: skip
+    job = elasticrun(args, env)
+    job.wait_for(r"holding for")
+    token = saved_token(etcd, "secret1").encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                assert token not in (entry / "cmdline").read_bytes(), entry
+            except OSError:
+                continue
+    status_text = status(etcd, "secret1", "--json").stdout
+    assert token.decode() not in status_text and "holding" not in status_text
+    hold.touch()
+    assert job.finish(60) == 0
+    assert token.decode() not in job.output
+
+
+def test_bad_backend_flags_are_usage_errors(tmp_path: Path) -> None:
+    cases = {
+        ("--backend", "etcd"): "--backend etcd needs --etcd-endpoints",
+        ("--etcd-endpoints", "127.0.0.1:2379"): "--etcd-endpoints needs --backend etcd",
+        ("--backend", "etcd", "--etcd-endpoints", "nohost"): "is not host:port",
+        ("--job-id", "a/b"): "--job-id 'a/b'",
+        ("--backend", "etcd", "--etcd-endpoints", "127.0.0.1:1", "--etcd-user", "u"): (
+            "ELASTIC_ETCD_PASSWORD"
+        ),
+    }
+    for flags, message in cases.items():
+        done = subprocess.run(
+            [*ELASTICRUN, *flags, "-np", "1", sys.executable, "-c", "pass"],
+            capture_output=True,
+            text=True,
+            env={k: v for k, v in os.environ.items() if k != "ELASTIC_ETCD_PASSWORD"},
+            timeout=30,
+        )
+        assert done.returncode == 2 and message in done.stderr, (flags, done.stderr)
+
+
+def test_an_unreachable_etcd_stops_the_start_with_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*ELASTICRUN, "--backend", "etcd", "--etcd-endpoints", "127.0.0.1:1", "-np", "1",
+         sys.executable, "-c", "pass"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "cannot reach the state backend: etcd at 127.0.0.1:1 unreachable" in done.stderr
