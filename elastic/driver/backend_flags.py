@@ -6,11 +6,19 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from typing import NoReturn
 
 from elastic.driver.errors import UsageError, positive
 from elastic.driver.settings import BackendSettings
 from elastic.protocol import env as worker_env
 from elastic.protocol.etcd import DEFAULT_PREFIX, EtcdConfigError, EtcdOptions, parse_endpoints
+
+
+class FlagParser(argparse.ArgumentParser):
+    """argparse that raises `UsageError` (one line, exit 2) instead of exiting itself."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
 
 
 def add_backend_flags(parser: argparse.ArgumentParser) -> None:

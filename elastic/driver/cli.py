@@ -8,9 +8,8 @@ import logging
 import os
 import signal
 import sys
-from typing import NoReturn
 
-from elastic.driver.backend_flags import add_backend_flags, backend_settings
+from elastic.driver.backend_flags import FlagParser, add_backend_flags, backend_settings
 from elastic.driver.cooldown import validate_cooldown_range
 from elastic.driver.discovery import DiscoveryError, ScriptDiscovery
 from elastic.driver.errors import LaunchError, UsageError, positive
@@ -37,13 +36,8 @@ examples:
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see elasticrun --help)")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = FlagParser(
         prog="elasticrun",
         description="Launch a data-parallel PyTorch job: one worker process per slot.",
         epilog=EXAMPLES,

@@ -44,18 +44,23 @@ class OutputSink:
             self._file.close()
 
 
+def _write_lines(sink: OutputSink, data: bytes) -> bytes:
+    """Write the complete lines of `data` (and a partial one past 64 KiB); return the rest."""
+    *lines, rest = data.split(b"\n")
+    for line in lines:
+        sink.write_line(line + b"\n")
+    if len(rest) > _CHUNK:
+        sink.write_line(rest)
+        rest = b""
+    return rest
+
+
 async def pump(reader: asyncio.StreamReader, sink: OutputSink) -> None:
     """Copy `reader` to `sink` line by line until end of stream; very long lines are split."""
     pending = b""
     try:
         while chunk := await reader.read(_CHUNK):
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                sink.write_line(line + b"\n")
-            if len(pending) > _CHUNK:
-                sink.write_line(pending)
-                pending = b""
+            pending = _write_lines(sink, pending + chunk)
         if pending:
             sink.write_line(pending)
     finally:
@@ -86,13 +91,7 @@ async def follow(
                         break
                     await asyncio.sleep(FOLLOW_POLL)
                     continue
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    sink.write_line(line + b"\n")
-                if len(pending) > _CHUNK:
-                    sink.write_line(pending)
-                    pending = b""
+                pending = _write_lines(sink, pending + chunk)
                 at(source.tell() - len(pending))
         if pending:
             sink.write_line(pending)

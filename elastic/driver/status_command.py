@@ -7,9 +7,8 @@ import asyncio
 import json
 import sys
 import time
-from typing import NoReturn
 
-from elastic.driver.backend_flags import add_backend_flags, backend_settings
+from elastic.driver.backend_flags import FlagParser, add_backend_flags, backend_settings
 from elastic.driver.errors import UsageError
 from elastic.driver.state.backend import BackendError
 from elastic.driver.state.etcd import EtcdBackend
@@ -19,13 +18,8 @@ from elastic.protocol.etcd import DriverAddress
 PUBLIC = ("driver", "spec", "state", "result")  # every document but the lock and the secret
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see elasticrun status --help)")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = FlagParser(
         prog="elasticrun status",
         description="Show a job's state as saved in etcd: its driver, epoch, workers, result.",
     )
