@@ -62,13 +62,15 @@ class DriverClient:
         self._retry_for = retry_for
         self._locator = locator
 
-    def _relocate(self, _: object = None) -> None:
-        """Between retries: follow the driver if it moved."""
+    def _relocate(self) -> bool:
+        """Between retries: follow the driver if it moved; True if it did."""
         if self._locator is None:
-            return
+            return False
         self._locator.refresh()
-        if self._locator.url != self._url:
-            self._url = self._http.base_url = self._locator.url
+        if self._locator.url == self._url:
+            return False
+        self._url = self._http.base_url = self._locator.url
+        return True
 
     def close(self) -> None:
         self._http.close()
@@ -77,7 +79,7 @@ class DriverClient:
         self, path: str, body: BaseModel, response: type[Response], wait: float = 0.0
     ) -> Response:
         """POST `body` and parse the answer; `wait` is how long the server may hold the call."""
-        retrying = bounded_retries(self._retry_for, _retryable, between=self._relocate)
+        retrying = bounded_retries(self._retry_for, _retryable, moved=self._relocate)
         try:
             for attempt in retrying:
                 with attempt:

@@ -234,17 +234,17 @@ class ControlClient:
                 thread.join(timeout=1.0)
         atexit.unregister(self.close)
 
-    def _relocate(self, _: object = None) -> None:
+    def _relocate(self) -> bool:
         """The driver is unreachable: if it now serves elsewhere (a restarted driver published
-        its new address in etcd), connect there. The old channel is closed, which ends calls
-        still waiting on it."""
+        its new address in etcd), connect there and return True. The old channel is closed,
+        which ends calls still waiting on it."""
         if self._locator is None:
-            return
+            return False
         self._locator.refresh()
         address = self._locator.control_address
         with self._lock:
             if self._stop.is_set() or address == self.address:
-                return
+                return False
             old, self._channel = (
                 self._channel,
                 control_channel(address, self._tls_cert, _CHANNEL_OPTIONS),
@@ -252,10 +252,11 @@ class ControlClient:
             self._stub = pb_grpc.ControlStub(self._channel)
             self.address = address
         old.close()
+        return True
 
     def _call(self, method_name: str, request: Any) -> Answer:
         """One unary call with tenacity retries of transient failures for `retry_for` s."""
-        retrying = bounded_retries(self._retry_for, _retryable, between=self._relocate)
+        retrying = bounded_retries(self._retry_for, _retryable, moved=self._relocate)
         try:
             for attempt in retrying:
                 with attempt:
@@ -357,7 +358,9 @@ class ControlClient:
                     self._evicted_by_driver()
                     return
                 outage.failed(err)
-                self._relocate()
+                if self._relocate():
+                    backoff = 0.05  # a new driver: try it at once
+                    continue
             finally:
                 with self._lock:
                     self._stream = None
