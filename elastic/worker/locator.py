@@ -11,16 +11,16 @@ from elastic.protocol.etcd import DriverAddress, EtcdOptions, connect
 
 log = logging.getLogger(__name__)
 
-LOOKUP_EVERY = 1.0  # seconds between etcd lookups, at most
+LOOKUP_EVERY = 0.25  # seconds between etcd lookups while the driver is unreachable, at most
 
 
 class DriverLocator:
     """The driver's HTTP URL and control address. Thread-safe.
 
     `refresh()` is called by clients that cannot reach the driver: without etcd it changes
-    nothing; with etcd it reads the job's `driver` key (at most once a second). Each client
-    then compares the addresses with the ones it uses. etcd errors change nothing: the
-    caller retries.
+    nothing; with etcd it reads the job's `driver` key (at most every `LOOKUP_EVERY` s).
+    Each client then compares the addresses with the ones it uses. etcd errors change
+    nothing: the caller retries.
     """
 
     def __init__(
@@ -45,7 +45,7 @@ class DriverLocator:
             return self._control_address
 
     def refresh(self) -> None:
-        """Look the driver up in etcd (unless done less than a second ago)."""
+        """Look the driver up in etcd (unless done less than `LOOKUP_EVERY` s ago)."""
         if self._etcd is None:
             return
         with self._lock:
