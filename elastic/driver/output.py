@@ -67,7 +67,8 @@ async def pump(reader: asyncio.StreamReader, sink: OutputSink) -> None:
         sink.close()
 
 
-FOLLOW_POLL = 0.05  # seconds between looks at a followed file that has nothing new
+FOLLOW_POLL = 0.05  # seconds between looks at a followed file that has nothing new...
+FOLLOW_POLL_IDLE = 0.5  # ...growing to this while it stays quiet
 
 
 async def follow(
@@ -80,17 +81,20 @@ async def follow(
         while not Path(path).exists():
             if ended():
                 return
-            await asyncio.sleep(FOLLOW_POLL)
+            await asyncio.sleep(FOLLOW_POLL_IDLE)
         with open(path, "rb") as source:
             source.seek(offset)
+            idle = FOLLOW_POLL
             while True:
                 finished = ended()  # read after this: nothing written before it is missed
                 chunk = source.read(_CHUNK)
                 if not chunk:
                     if finished:
                         break
-                    await asyncio.sleep(FOLLOW_POLL)
+                    await asyncio.sleep(idle)
+                    idle = min(idle * 2, FOLLOW_POLL_IDLE)  # a quiet worker costs little
                     continue
+                idle = FOLLOW_POLL
                 pending = _write_lines(sink, pending + chunk)
                 at(source.tell() - len(pending))
         if pending:
