@@ -50,7 +50,7 @@ class RecordingListener:
         self._record("registered", worker_id, pid)
         return worker_id not in self.unknown
 
-    def heartbeat(self, worker_id: str, epoch: int) -> bool:
+    def heartbeat(self, worker_id: str, epoch: int, commit: int = 0) -> bool:
         if self.fail_heartbeats:
             raise RuntimeError("listener bug")
         self._record("heartbeat", worker_id, epoch)

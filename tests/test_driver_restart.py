@@ -73,9 +73,11 @@ def test_a_restarted_driver_adopts_the_running_workers(
     elasticrun, etcd: EtcdServer, tmp_path: Path
 ) -> None:
     env = {"TMPDIR": str(tmp_path)}
+    hold = tmp_path / "go"
     args = durable_args(
         etcd, "restart1", "-np", "2", "--min-np", "1", "-H", "localhost:2",
-        *job_args(tmp_path, "--step-delay", "0.1", epochs=3),
+        *job_args(tmp_path, "--step-delay", "0.1", "--hold-at-step", "40",
+                  "--hold-file", str(hold), epochs=3),
     )  # fmt: skip
     first = elasticrun(args, env)
     pids = ranks_to_pids(first, 2)
@@ -88,6 +90,17 @@ def test_a_restarted_driver_adopts_the_running_workers(
 
     second = elasticrun(args, env)
     second.wait_for(r"resuming job restart1 at epoch 1: 2 worker\(s\) to re-adopt")
+    second.wait_for(r"holding for")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the new driver hears each worker's latest commit
+        workers = json.loads(status(etcd, "restart1", "--json").stdout)["state"]["workers"]
+        if all(w["commit"] >= 20 for w in workers):
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"commits not saved: {workers}")
+    assert {w["pid"] for w in workers} == set(pids.values())
+    hold.touch()
     assert second.finish(120) == 0, second.transcript()
     started = {int(pid) for pid in re.findall(r"worker pid=(\d+)", second.output)}
     assert started <= set(pids.values()), "no worker was started again"

@@ -311,6 +311,7 @@ class Job:
                     exiting=w.exiting,
                     log_dir=w.log_dir,
                     offsets=w.offsets,
+                    commit=w.commit,
                 )
                 for w in kept
             ],
@@ -827,11 +828,12 @@ class Job:
         worker.last_heartbeat = self._clock()
         return True
 
-    def heartbeat(self, worker_id: str, epoch: int) -> bool:
+    def heartbeat(self, worker_id: str, epoch: int, commit: int) -> bool:
         worker = self._workers.get(worker_id)
         if worker is None or not worker.state.alive:
             return False
         worker.last_heartbeat = self._clock()
+        worker.commit = commit
         return True
 
     def leave(self, worker_id: str, reason: str) -> bool:

@@ -70,6 +70,7 @@ def worker_from(record: dict) -> Worker:
     """A worker record as saved (`WorkerRecord` data), without a process yet."""
     worker = Worker(record["worker_id"], record["hostname"], record["host_slot"], process=None)
     worker.state = WorkerState(record["state"])
-    for name in ("pid", "exit_code", "registered", "joined", "exiting", "log_dir", "offsets"):
+    names = ("pid", "exit_code", "registered", "joined", "exiting", "log_dir", "offsets", "commit")
+    for name in names:
         setattr(worker, name, record[name])
     return worker

@@ -60,7 +60,8 @@ def describe(job_id: str, documents: dict[str, bytes]) -> str:
         where = f"rank {rank}" if rank is not None else "-"
         code = f" exit {worker.exit_code}" if worker.exit_code is not None else ""
         pid = f" pid {worker.pid}" if worker.pid is not None else ""
-        lines.append(f"  {where:<8} {worker.worker_id:<28} {worker.state}{pid}{code}")
+        commits = f" commits {worker.commit}" if worker.commit else ""
+        lines.append(f"  {where:<8} {worker.worker_id:<28} {worker.state}{pid}{commits}{code}")
     now = time.time()
     for cooldown in state.cooldowns:
         if cooldown.until > now:

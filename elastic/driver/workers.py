@@ -44,6 +44,7 @@ class Worker:
     launcher_pid: int | None = None  # the local process: the worker, its keeper or ssh client
     log_dir: str | None = None  # a detached worker's output and exit status
     offsets: dict[str, int] = field(default_factory=dict)  # output shown so far, per stream
+    commit: int = 0  # the state commits it has made, as its last heartbeat said
 
     @property
     def serial(self) -> str:

@@ -21,12 +21,14 @@ class RegisterResponse(_message.Message):
     def __init__(self, heartbeat_interval: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "epoch")
+    __slots__ = ("worker_id", "epoch", "commit")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     epoch: int
-    def __init__(self, worker_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+    commit: int
+    def __init__(self, worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., commit: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ()

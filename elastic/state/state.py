@@ -67,6 +67,9 @@ class State:
         """
         self.save()
         self._commit_count += 1
+        ctx = context.current("State.commit")
+        if ctx.on_commit is not None:  # the driver saves it (with --backend etcd)
+            ctx.on_commit(self._commit_count)
         self.check_host_updates()
 
     def check_host_updates(self) -> None:

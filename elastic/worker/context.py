@@ -6,6 +6,7 @@ This is the only module-level mutable state in the package.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,7 @@ class WorkerContext:
     events: MembershipEvents = field(default_factory=MembershipEvents)
     timeout: float = 1800.0  # seconds a collective may take (--collective-timeout)
     resources: list[Any] = field(default_factory=list)
+    on_commit: Callable[[int], None] | None = None  # told each state commit's count
 
     @property
     def rank(self) -> int:

@@ -162,6 +162,7 @@ class ControlClient:
         self._channel = control_channel(address, tls_cert, _CHANNEL_OPTIONS)
         self._stub = pb_grpc.ControlStub(self._channel)
         self._epoch = 0
+        self._commit = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._evicted = False
@@ -179,6 +180,11 @@ class ControlClient:
         """The epoch this worker is in; the next heartbeats carry it."""
         with self._lock:
             self._epoch = epoch
+
+    def set_commit(self, commit: int) -> None:
+        """How many state commits this worker has made; the next heartbeats carry it."""
+        with self._lock:
+            self._commit = commit
 
     def start(self) -> None:
         """Register, start the heartbeat and event-stream threads, and wait until the driver
@@ -298,10 +304,10 @@ class ControlClient:
         next_beat = time.monotonic()
         while not self._stop.is_set():
             with self._lock:
-                epoch = self._epoch
+                epoch, commit = self._epoch, self._commit
             try:
                 self._stub.Heartbeat(
-                    pb.HeartbeatRequest(worker_id=self.worker_id, epoch=epoch),
+                    pb.HeartbeatRequest(worker_id=self.worker_id, epoch=epoch, commit=commit),
                     timeout=max(1.0, self._heartbeat_interval),
                     metadata=self._metadata,
                 )

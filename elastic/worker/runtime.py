@@ -101,6 +101,7 @@ def _enter_next_epoch(
                 events=events,
                 timeout=config.collective_timeout,
                 resources=[config, client, control],
+                on_commit=control.set_commit,
             )
         )
         return

@@ -39,8 +39,8 @@ class WorkerListener(Protocol):
     def registered(self, worker_id: str, pid: int) -> bool:
         """A worker process announced itself."""
 
-    def heartbeat(self, worker_id: str, epoch: int) -> bool:
-        """A worker is alive, in `epoch`."""
+    def heartbeat(self, worker_id: str, epoch: int, commit: int) -> bool:
+        """A worker is alive, in `epoch`, having made `commit` state commits."""
 
     def leave(self, worker_id: str, reason: str) -> bool:
         """A worker asks to leave at its next commit (SIGTERM, drained host)."""

@@ -161,7 +161,7 @@ class _ControlService(pb_grpc.ControlServicer):
         await self._call_listener(
             context,
             request.worker_id,
-            lambda: self._listener.heartbeat(request.worker_id, request.epoch),
+            lambda: self._listener.heartbeat(request.worker_id, request.epoch, request.commit),
         )
         return pb.HeartbeatResponse()
 

@@ -39,6 +39,7 @@ class WorkerRecord(BaseModel):
     exiting: bool = False
     log_dir: str | None = None  # where a detached worker's output and exit status go
     offsets: dict[str, int] = Field(default_factory=dict)  # output already shown, per stream
+    commit: int = 0  # the state commits the worker had made at its last heartbeat
 
 
 class CooldownRecord(BaseModel):
