@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # run as a file: make `bench`, `elastic` and `tests` importable
     sys.path.insert(0, str(ROOT))
 
-from bench.elastic_recovery import (  # noqa: E402 - after the path fix above
+from bench.elastic_recovery import (  # noqa: E402
     ELASTIC_WORKLOAD,
     RESULTS,
     Launcher,
@@ -65,6 +65,7 @@ from bench.elastic_recovery import (  # noqa: E402 - after the path fix above
     processes_naming,
     summarize,
 )
+from bench.machine_load import OtherLoad  # noqa: E402 - after the path fix above
 
 VARIANTS = ["etcd_restart", "etcd_worker_kill", "memory_worker_kill"]
 METRICS = ["recovery_s", "restart_to_resuming_s", "steps_lost"]
@@ -337,7 +338,10 @@ def main() -> None:
     start = time.monotonic()
     load_before = os.getloadavg()
     code = git_state()
-    with tempfile.TemporaryDirectory(prefix="driver-restart-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="driver-restart-") as tmp,
+        OtherLoad(tmp) as load,
+    ):
         # A SIGTERM to the benchmark unwinds through the trials' cleanup like a Ctrl-C.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         etcd = EtcdServer(Path(tmp) / "etcd")
@@ -347,14 +351,17 @@ def main() -> None:
                 order = VARIANTS[trial % len(VARIANTS) :] + VARIANTS[: trial % len(VARIANTS)]
                 for variant in order:
                     folder = Path(tmp) / f"t{trial}" / variant
+                    mark = load.mark()
                     record = run_trial(variant, folder, etcd.endpoint)
+                    record["other_processes_cpu_pct"] = load.mean_since(mark)
                     record["trial"] = trial
                     shutil.copy(folder.with_suffix(".log"), logs / f"{variant}-{trial}.log")
                     records[variant].append(record)
                     status = "ok" if record["ok"] else f"FAILED ({record['error']})"
                     shown = ", ".join(f"{k} {record[k]}" for k in METRICS if k in record)
                     print(
-                        f"trial {trial} {variant}: {status} in {record['wall_s']} s; {shown}",
+                        f"trial {trial} {variant}: {status} in {record['wall_s']} s; {shown}; "
+                        f"other processes {record['other_processes_cpu_pct']} % CPU",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -405,6 +412,7 @@ def main() -> None:
         "variants": variants,
         "ratios": ratios,
         "trials": [r for v in VARIANTS for r in records[v]],
+        "machine_load": load.summary(),
         "leftover_processes_sigkilled_at_end": [f"{p}: {a[:160]}" for p, a in leftovers.items()],
         "wall_s": round(time.monotonic() - start, 1),
         "loadavg_1_5_15min": {

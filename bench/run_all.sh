@@ -66,3 +66,22 @@ for np_ in (2, 3):
             f"| {h25['step_ms']:.1f} | {h25['ratio_vs_ddp']:.2f} | {loc['step_ms']:.1f} |"
         )
 EOF
+
+# Fault tolerance (about 6 more minutes): the etcd backend against memory with the real driver
+# and simulated workers, and a driver SIGKILLed with a worker then restarted.
+echo "etcd_backend ..." >&2
+"$PYTHON" -m bench.etcd_backend >/dev/null 2>bench/results/etcd_backend.log
+echo "driver_restart ..." >&2
+"$PYTHON" -m bench.driver_restart >/dev/null 2>bench/results/driver_restart.log
+"$PYTHON" - <<'EOF'
+import json
+from pathlib import Path
+
+for name, title in (
+    ("etcd_backend", "Epoch formation and re-form: etcd backend vs memory (seconds, CPU %)"),
+    ("driver_restart", "Driver + worker SIGKILL, driver restarted vs worker SIGKILL (seconds)"),
+):
+    doc = json.loads(Path(f"bench/results/{name}.json").read_text())
+    print(f"\n### {title}\n")
+    print(doc["table"])
+EOF
