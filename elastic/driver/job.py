@@ -47,6 +47,7 @@ from elastic.driver.resume import (
     settings_document,
     settings_from,
     worker_from,
+    worker_record,
 )
 from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.services import Services
@@ -59,7 +60,6 @@ from elastic.driver.state.record import (
     JobSecret,
     JobSpec,
     JobState,
-    WorkerRecord,
 )
 from elastic.driver.state.saver import StateSaver
 from elastic.driver.tls import TlsIdentity
@@ -297,24 +297,7 @@ class Job:
         state = JobState(
             epoch=self._rendezvous.epoch,
             members=self._rendezvous.members,
-            workers=[
-                WorkerRecord(
-                    worker_id=w.worker_id,
-                    hostname=w.hostname,
-                    host_slot=w.host_slot,
-                    state=w.state.value,
-                    process_id=w.launcher_pid,
-                    pid=w.pid,
-                    exit_code=w.exit_code,
-                    registered=w.registered,
-                    joined=w.joined,
-                    exiting=w.exiting,
-                    log_dir=w.log_dir,
-                    offsets=w.offsets,
-                    commit=w.commit,
-                )
-                for w in kept
-            ],
+            workers=[worker_record(w) for w in kept],
             discovered=[f"{h.hostname}:{h.slots}" for h in self._tracker.discovered_hosts],
             cooldowns=[
                 CooldownRecord(hostname=host, failures=failures, until=until + wall)
@@ -347,8 +330,7 @@ class Job:
         self._serial, self._resets = state.serial, state.resets
         self._update_version = state.update_version
         for record in state.workers:
-            worker = worker_from(record.model_dump())
-            worker.launcher_pid = record.process_id
+            worker = worker_from(record)
             self._workers[worker.worker_id] = worker
         self._rendezvous.restore(
             state.epoch, [(w, self._workers[w].hostname) for w in state.members]

@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import TypeAdapter
 
 from elastic.driver.settings import BackendSettings, Settings
+from elastic.driver.state.record import WorkerRecord
 from elastic.driver.workers import Worker, WorkerState
 
 ADOPT_GRACE = 10.0  # seconds a re-adopted worker has to reach the new driver
@@ -66,11 +67,27 @@ def default_log_root(job_id: str) -> str:
     return str(Path(os.environ.get("TMPDIR", "/tmp")) / f"elasticrun-{job_id}")
 
 
-def worker_from(record: dict) -> Worker:
-    """A worker record as saved (`WorkerRecord` data), without a process yet."""
-    worker = Worker(record["worker_id"], record["hostname"], record["host_slot"], process=None)
-    worker.state = WorkerState(record["state"])
-    names = ("pid", "exit_code", "registered", "joined", "exiting", "log_dir", "offsets", "commit")
-    for name in names:
-        setattr(worker, name, record[name])
+# Worker fields saved as they are (state and the launcher's pid are converted).
+_SAVED = ("pid", "exit_code", "registered", "joined", "exiting", "log_dir", "offsets", "commit")
+
+
+def worker_record(worker: Worker) -> WorkerRecord:
+    """What is saved of `worker`."""
+    return WorkerRecord(
+        worker_id=worker.worker_id,
+        hostname=worker.hostname,
+        host_slot=worker.host_slot,
+        state=worker.state.value,
+        process_id=worker.launcher_pid,
+        **{name: getattr(worker, name) for name in _SAVED},
+    )
+
+
+def worker_from(record: WorkerRecord) -> Worker:
+    """The worker `record` describes, without a process yet (see `worker_record`)."""
+    worker = Worker(record.worker_id, record.hostname, record.host_slot, process=None)
+    worker.state = WorkerState(record.state)
+    worker.launcher_pid = record.process_id
+    for name in _SAVED:
+        setattr(worker, name, getattr(record, name))
     return worker

@@ -30,6 +30,7 @@ class _GroupSignals(WorkerProcess):
     ones, so the worker decides, and the keeper records how it ended)."""
 
     _pid: int
+    _code: int | None = None  # the exit code, once known
 
     @property
     def pid(self) -> int:
@@ -39,8 +40,6 @@ class _GroupSignals(WorkerProcess):
     def signal(self) -> int | None:
         code = self._code
         return code - 128 if code is not None and 128 < code < 160 else None
-
-    _code: int | None = None
 
     def _send(self, sig: int) -> None:
         if self._code is None:
