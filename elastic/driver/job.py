@@ -33,7 +33,7 @@ from elastic.driver.errors import LaunchError, UsageError
 from elastic.driver.host_access import HostAccess
 from elastic.driver.hosts import HostSpec, parse_host_list
 from elastic.driver.launch.base import WorkerSpec
-from elastic.driver.launch.detached import AdoptedProcess
+from elastic.driver.launch.detached import AdoptedProcess, prepare_log_dir
 from elastic.driver.liveness import Limits, Verdict, judge
 from elastic.driver.output import OutputSink, follow, pump
 from elastic.driver.planning import free_slots, next_members
@@ -519,7 +519,8 @@ class Job:
         """Start `worker`'s process; a failure to start fails the worker (static: the job)."""
         folder = self._folder(worker)
         if self.settings.backend.durable and self._hosts.is_local(worker.hostname):
-            worker.log_dir = os.path.join(self._log_root, f"worker.{worker.serial}")
+            # private (0700, this user's): a planted folder or link raises LaunchError
+            worker.log_dir = prepare_log_dir(self._log_root, worker.serial)
         spec = WorkerSpec(
             hostname=worker.hostname,
             command=self.settings.command,

@@ -6,29 +6,56 @@ It comes from the worker's pipes (`pump`) or, for a detached worker, from its fi
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from elastic.driver.errors import LaunchError
+from elastic.driver.private_files import PRIVATE_DIR, PRIVATE_FILE, open_private, private_dir
+
 _CHUNK = 1 << 16
+
+
+def folder_mode(file_mode: int) -> int:
+    """The mode of a folder holding files of `file_mode`: an x bit wherever there is an r
+    bit (0600 -> 0700, 0640 -> 0750, 0644 -> 0755)."""
+    return file_mode | (file_mode & 0o444) >> 2
 
 
 class OutputSink:
     """Writes one worker's stream to the console as `[label]<stdout>:line`, where `label()` is
-    the worker's current rank, and, with a directory, raw lines to `DIR/<name>/<stream>`."""
+    the worker's current rank, and, with a directory, raw lines to `DIR/<name>/<stream>`.
+
+    The file is private unless `mode` says otherwise: created (or re-opened) with `mode`
+    (default 0600), in a folder `DIR/<name>` with the matching x bits (0700 for 0600, 0750
+    for 0640), `DIR` itself created 0700 when missing. Neither is reached through a symbolic
+    link. Raises `LaunchError` (one line) when the folder or the file is a link or another
+    user's, or cannot be created.
+    """
 
     def __init__(
-        self, label: Callable[[], str], stream: str, directory: str | None, name: str
+        self,
+        label: Callable[[], str],
+        stream: str,
+        directory: str | None,
+        name: str,
+        mode: int = PRIVATE_FILE,
     ) -> None:
         self._label = label
         self._tag = f"<{stream}>:".encode()
         self._console: BinaryIO = (sys.stdout if stream == "stdout" else sys.stderr).buffer
         self._file: BinaryIO | None = None
         if directory is not None:
-            folder = Path(directory) / name
-            folder.mkdir(parents=True, exist_ok=True)
-            self._file = open(folder / stream, "ab")  # noqa: SIM115 - closed in close()
+            try:
+                os.makedirs(directory, PRIVATE_DIR, exist_ok=True)
+            except OSError as err:
+                raise LaunchError(f"cannot create {directory}: {err.strerror}") from None
+            folder = os.path.join(directory, name)
+            private_dir(folder, folder_mode(mode))
+            fd = open_private(os.path.join(folder, stream), mode=mode)
+            self._file = os.fdopen(fd, "ab")
 
     def write_line(self, line: bytes) -> None:
         if not line.endswith(b"\n"):

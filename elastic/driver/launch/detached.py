@@ -13,8 +13,30 @@ from pathlib import Path
 from elastic.driver.errors import LaunchError
 from elastic.driver.launch.base import Launcher, WorkerProcess, WorkerSpec
 from elastic.driver.launch.keeper import EXIT_FILE
+from elastic.driver.private_files import open_private, private_dir
 
 UNKNOWN_EXIT = 255  # a worker that ended while no driver watched and left no exit status
+
+
+def prepare_log_dir(log_root: str, serial: int) -> str:
+    """The folder of detached worker `serial` under the job's `log_root`, ready for a keeper.
+
+    `log_root` and `log_root/worker.<serial>` become (or stay: a restarted driver re-adopts
+    them) folders of this user with mode 0700; the output files `stdout` and `stderr` exist,
+    this user's, 0600; an exit status left by an earlier worker is removed. Raises
+    `LaunchError` (one line) when a folder or file is a symbolic link or another user's:
+    another local user who knows the job id may have planted it to make this driver (maybe
+    root) write where they choose.
+    """
+    private_dir(log_root)
+    folder = os.path.join(log_root, f"worker.{serial}")
+    private_dir(folder)
+    for stream in ("stdout", "stderr"):
+        os.close(open_private(os.path.join(folder, stream)))
+    for stale in (EXIT_FILE, f"{EXIT_FILE}.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(folder, stale))
+    return folder
 
 
 def exit_code_in(log_dir: str) -> int | None:
@@ -114,11 +136,12 @@ def _runs_keeper_of(pid: int, log_dir: str) -> bool:
 
 
 class DetachedLauncher(Launcher):
-    """Starts `spec.command` under a keeper in a new session; output goes to `spec.log_dir`."""
+    """Starts `spec.command` under a keeper in a new session; output goes to `spec.log_dir`
+    (see `prepare_log_dir`). Raises `LaunchError` when that folder is not this user's."""
 
     async def launch(self, spec: WorkerSpec) -> WorkerProcess:
         assert spec.log_dir is not None, "a detached worker needs a log directory"
-        os.makedirs(spec.log_dir, exist_ok=True)
+        private_dir(spec.log_dir)  # made by `prepare_log_dir`; checked again, cheaply
         keeper = [sys.executable, "-m", "elastic.driver.launch.keeper", spec.log_dir, "--"]
         try:
             process = await asyncio.create_subprocess_exec(
