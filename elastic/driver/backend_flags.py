@@ -8,7 +8,7 @@ import os
 import re
 from typing import NoReturn
 
-from elastic.driver.errors import UsageError, positive
+from elastic.driver.errors import UsageError, seconds
 from elastic.driver.settings import BackendSettings
 from elastic.protocol import env as worker_env
 from elastic.protocol.etcd import DEFAULT_PREFIX, EtcdConfigError, EtcdOptions, parse_endpoints
@@ -121,6 +121,6 @@ def backend_settings(args: argparse.Namespace) -> BackendSettings:
     return BackendSettings(
         etcd=etcd_options(args),
         job_id=args.job_id,
-        grace=positive(args.etcd_grace, "--etcd-grace"),
-        driver_wait=positive(args.driver_wait, "--driver-wait"),
+        grace=seconds(args.etcd_grace, "--etcd-grace"),
+        driver_wait=seconds(args.driver_wait, "--driver-wait"),
     )

@@ -8,12 +8,13 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 
 from elastic.driver.backend_flags import FlagParser, add_backend_flags, backend_settings
 from elastic.driver.cooldown import validate_cooldown_range
 from elastic.driver.discovery import DiscoveryError, ScriptDiscovery
-from elastic.driver.errors import LaunchError, UsageError, positive
-from elastic.driver.hosts import HostSpec, parse_host_list, read_hostfile
+from elastic.driver.errors import LaunchError, UsageError, seconds
+from elastic.driver.hosts import MAX_SLOTS_PER_HOST, HostSpec, parse_host_list, read_hostfile
 from elastic.driver.job import Job
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.settings import BackendSettings, ElasticSettings, Settings
@@ -24,6 +25,9 @@ from elastic.driver.status_command import status_main
 from elastic.driver.tls import TlsIdentity
 
 log = logging.getLogger("elasticrun")
+
+MAX_NP = 65_536
+"""The most workers a job may ask for (-np, --min-np, --max-np)."""
 
 EXAMPLES = """\
 examples:
@@ -192,11 +196,11 @@ def parse_settings(argv: list[str]) -> Settings:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise UsageError("no command given: elasticrun -np N [options] COMMAND [ARGS...]")
+    _check_counts(args)
+    _check_durations(args)
     elastic = _elastic_settings(args)
     if args.np is None and elastic is None:
         raise UsageError("-np is required (or give --min-np / --host-discovery-script)")
-    if args.np is not None and args.np < 1:
-        raise UsageError(f"-np must be at least 1, got {args.np}")
     if elastic is not None and elastic.discovery_script and (args.hosts or args.hostfile):
         raise UsageError("--host-discovery-script cannot be combined with -H or --hostfile")
     hosts: list[HostSpec]
@@ -211,12 +215,13 @@ def parse_settings(argv: list[str]) -> Settings:
         raise UsageError(f"--ssh-identity-file: no such file {args.ssh_identity_file}")
     if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
         raise UsageError(f"--ssh-port must be 1-65535, got {args.ssh_port}")
-    start_timeout = positive(args.start_timeout, "--start-timeout")
     backend = backend_settings(args)
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together")
     if args.tls_cert is not None:
         TlsIdentity.load(args.tls_cert, args.tls_key)  # one clear line now, not at launch
+    if args.output_filename is not None:  # last: every other flag is good, so it is wanted
+        prepare_output_dir(args.output_filename)
     return Settings(
         np=args.np,
         hosts=hosts,
@@ -224,21 +229,73 @@ def parse_settings(argv: list[str]) -> Settings:
         ssh=SshOptions(
             port=args.ssh_port,
             identity_file=args.ssh_identity_file,
-            connect_timeout=start_timeout,
+            connect_timeout=args.start_timeout,
         ),
         output_dir=args.output_filename,
-        start_timeout=start_timeout,
+        start_timeout=args.start_timeout,
         network_interface=args.network_interface,
         verbose=args.verbose,
-        stop_grace=positive(args.stop_grace, "--stop-grace"),
-        collective_timeout=positive(args.collective_timeout, "--collective-timeout"),
-        heartbeat_interval=positive(args.heartbeat_interval, "--heartbeat-interval"),
+        stop_grace=args.stop_grace,
+        collective_timeout=args.collective_timeout,
+        heartbeat_interval=args.heartbeat_interval,
         elastic=elastic,
         backend=backend,
         tls=args.tls or args.tls_cert is not None,
         tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else None,
         tls_key=os.path.abspath(args.tls_key) if args.tls_key else None,
     )
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    """Raise `UsageError` unless every worker and slot count given is 1 to its maximum."""
+    for flag, value, most in (
+        ("-np", args.np, MAX_NP),
+        ("--min-np", args.min_np, MAX_NP),
+        ("--max-np", args.max_np, MAX_NP),
+        ("--slots-per-host", args.slots_per_host, MAX_SLOTS_PER_HOST),
+    ):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+        if value is not None and value > most:
+            raise UsageError(f"{flag} must be at most {most}, got {value}")
+
+
+_DURATIONS = (
+    "start_timeout",
+    "collective_timeout",
+    "stop_grace",
+    "heartbeat_interval",
+    "elastic_timeout",
+    "discovery_interval",
+    "discovery_timeout",
+)
+"""The flags (argparse names) that give a number of seconds above 0; the cooldown range may
+also be 0."""
+
+
+def _check_durations(args: argparse.Namespace) -> None:
+    """Raise `UsageError` for the first flag whose seconds are not finite, in range (see
+    `seconds`): elastic ones too where they do not apply, since the value is a mistake either
+    way. The backend's flags are checked by `backend_settings`."""
+    for name in _DURATIONS:
+        seconds(getattr(args, name), "--" + name.replace("_", "-"))
+    for value in args.blacklist_cooldown_range:
+        seconds(value, "--blacklist-cooldown-range", zero=True)
+
+
+def prepare_output_dir(path: str) -> None:
+    """Create `path` (for `--output-filename`) and check that rank folders and files can be
+    made in it; raise `UsageError` with one line when they cannot (a file in the way, a
+    read-only or pseudo file system such as /proc, no permission)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        checks = tempfile.TemporaryDirectory(prefix=".elasticrun-check-", dir=path)
+        with checks as probe, open(os.path.join(probe, "stdout"), "ab"):
+            pass
+    except OSError as err:
+        raise UsageError(
+            f"--output-filename {path}: cannot write rank output there: {err.strerror or err}"
+        ) from None
 
 
 def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
@@ -249,14 +306,10 @@ def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
                 raise UsageError(f"{name} needs elastic mode (--min-np or --host-discovery-script)")
         return None
     min_np = args.min_np if args.min_np is not None else (args.np or 1)
-    if min_np < 1:
-        raise UsageError(f"--min-np must be at least 1, got {min_np}")
     if args.max_np is not None and args.max_np < min_np:
         raise UsageError(f"--max-np {args.max_np} is less than --min-np {min_np}")
     if args.np is not None and not min_np <= args.np <= (args.max_np or args.np):
         raise UsageError(f"-np {args.np} must lie between --min-np and --max-np")
-    if args.slots_per_host is not None and args.slots_per_host < 1:
-        raise UsageError(f"--slots-per-host must be at least 1, got {args.slots_per_host}")
     if args.reset_limit is not None and args.reset_limit < 0:
         raise UsageError(f"--reset-limit must be 0 or more, got {args.reset_limit}")
     script = args.host_discovery_script
@@ -270,9 +323,9 @@ def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
         max_np=args.max_np,
         discovery_script=script,
         slots_per_host=args.slots_per_host,
-        discovery_interval=positive(args.discovery_interval, "--discovery-interval"),
-        discovery_timeout=positive(args.discovery_timeout, "--discovery-timeout"),
-        elastic_timeout=positive(args.elastic_timeout, "--elastic-timeout"),
+        discovery_interval=args.discovery_interval,
+        discovery_timeout=args.discovery_timeout,
+        elastic_timeout=args.elastic_timeout,
         reset_limit=args.reset_limit,
         cooldown_range=validate_cooldown_range(*args.blacklist_cooldown_range),
     )

@@ -1,4 +1,7 @@
-"""Errors the driver reports to the user as one line, without a traceback."""
+"""Errors the driver reports to the user as one line, without a traceback, and the check every
+duration flag goes through."""
+
+import math
 
 
 class UsageError(Exception):
@@ -9,8 +12,18 @@ class LaunchError(Exception):
     """The job could not start or had to stop: unreachable host, start timeout. Exit 1."""
 
 
-def positive(value: float, flag: str) -> float:
-    """`value`, or `UsageError` naming `flag` when it is not above 0."""
-    if not value > 0:
-        raise UsageError(f"{flag} must be positive, got {value:g}")
+MAX_SECONDS = 365 * 24 * 3600.0
+"""The longest duration a flag may give (a year): every timeout, interval and grace period
+fits a timedelta, torch's int64 milliseconds and `threading.TIMEOUT_MAX` with room to spare."""
+
+
+def seconds(value: float, flag: str, *, zero: bool = False) -> float:
+    """`value` if it is a finite number of seconds above 0 (or 0 itself, with `zero`) and at
+    most `MAX_SECONDS`; else `UsageError` naming `flag` (nan, inf and negatives included)."""
+    least = "0 or more" if zero else "positive"
+    at_least = value >= 0 if zero else value > 0
+    if not (math.isfinite(value) and at_least and value <= MAX_SECONDS):
+        raise UsageError(
+            f"{flag} must be {least} and at most {MAX_SECONDS:.0f} seconds (a year), got {value:g}"
+        )
     return value

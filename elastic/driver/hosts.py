@@ -2,7 +2,8 @@
 
 Two forms are accepted for each host, as in horovodrun: `hostname:slots` (in `-H`, in a
 hostfile and in discovery output) and `hostname slots=N` (hostfile only). A host without a slot
-count has one slot. Order is kept: ranks fill hosts in the order given.
+count has one slot, and none has more than `MAX_SLOTS_PER_HOST`. Order is kept: ranks fill
+hosts in the order given.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elastic.driver.errors import UsageError
+
+MAX_SLOTS_PER_HOST = 65_536
+"""The most slots one host may have: far above any machine's accelerators or cores, and low
+enough that a typo (or a hostile discovery script) cannot make the driver plan millions of
+workers."""
 
 _ENTRY = re.compile(
     r"(?P<name>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)"
@@ -32,15 +38,31 @@ def parse_host_entry(entry: str, where: str) -> HostSpec:
     """
     match = _ENTRY.fullmatch(entry.strip())
     if not match:
-        raise UsageError(f"{where}: malformed host entry {entry!r} (expected host or host:slots)")
+        raise UsageError(
+            f"{where}: malformed host entry {_shown(entry)} (expected host or host:slots)"
+        )
     count = match.group("slots") or match.group("slots_kv") or "1"
-    try:
-        slots = int(count)
-    except ValueError:
-        raise UsageError(f"{where}: slot count in {entry!r} is not a number") from None
+    if count.isdecimal() and len(count.lstrip("0")) > len(str(MAX_SLOTS_PER_HOST)):
+        slots = MAX_SLOTS_PER_HOST + 1  # too many digits to convert, and too many slots
+    else:
+        try:
+            slots = int(count)
+        except ValueError:
+            raise UsageError(f"{where}: slot count in {_shown(entry)} is not a number") from None
     if slots < 1:
-        raise UsageError(f"{where}: slot count in {entry!r} must be at least 1")
+        raise UsageError(f"{where}: slot count in {_shown(entry)} must be at least 1")
+    if slots > MAX_SLOTS_PER_HOST:
+        raise UsageError(
+            f"{where}: slot count in {_shown(entry)} must be at most {MAX_SLOTS_PER_HOST}"
+        )
     return HostSpec(match.group("name").strip("[]"), slots)
+
+
+def _shown(entry: str) -> str:
+    """`entry` for a one-line message: quoted, and cut when it is long (a count of a million
+    digits must not make a megabyte-long error line)."""
+    entry = entry.strip()
+    return repr(entry) if len(entry) <= 80 else repr(entry[:80]) + "..."
 
 
 def merge_hosts(specs: list[HostSpec], where: str) -> list[HostSpec]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import islice
+
 from elastic.driver.hosts import HostSpec
 
 
@@ -15,11 +17,14 @@ def next_members(survivors: list[str], joiners: list[str], max_np: int | None) -
 def free_slots(
     hosts: list[HostSpec], occupied: dict[str, set[int]], wanted: int
 ) -> list[tuple[str, int]]:
-    """Up to `wanted` (hostname, slot index) pairs not in `occupied`, filling hosts in order."""
-    free = [
+    """Up to `wanted` (hostname, slot index) pairs not in `occupied`, filling hosts in order.
+
+    Walks no further than the `wanted`-th free slot: a host's slot count never becomes a list
+    of that many places unless that many are wanted."""
+    free = (
         (host.hostname, slot)
         for host in hosts
         for slot in range(host.slots)
         if slot not in occupied.get(host.hostname, set())
-    ]
-    return free[: max(0, wanted)]
+    )
+    return list(islice(free, max(0, wanted)))

@@ -2,7 +2,8 @@
 
 The script prints the available hosts, one a line: `hostname` or `hostname:slots` (blank lines
 and `#` comments are ignored; IPv6 addresses in brackets: `[fd00::1]:4`). A host printed
-without a slot count gets `default_slots` (`--slots-per-host`), or 1 when that is not given.
+without a slot count gets `default_slots` (`--slots-per-host`), or 1 when that is not given;
+a count above `MAX_SLOTS_PER_HOST` fails the run like any malformed line.
 The script runs with the driver's environment and working directory, without a shell, in its
 own session (process group), with stdin closed.
 """
@@ -18,7 +19,7 @@ import signal
 
 from elastic.driver.discovery.base import DiscoveryError, HostDiscovery
 from elastic.driver.errors import UsageError
-from elastic.driver.hosts import HostSpec, parse_host_lines
+from elastic.driver.hosts import MAX_SLOTS_PER_HOST, HostSpec, parse_host_lines
 
 _MAX_STDERR_LINE = 300
 _DRAIN_SECONDS = 1.0
@@ -34,8 +35,8 @@ class ScriptDiscovery(HostDiscovery):
     def __init__(self, path: str, timeout: float, default_slots: int | None = None) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
-        if default_slots is not None and default_slots < 1:
-            raise ValueError(f"default_slots must be at least 1, got {default_slots}")
+        if default_slots is not None and not 1 <= default_slots <= MAX_SLOTS_PER_HOST:
+            raise ValueError(f"default_slots must be 1-{MAX_SLOTS_PER_HOST}, got {default_slots}")
         self.path = path
         self.timeout = timeout
         self.default_slots = default_slots
