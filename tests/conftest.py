@@ -182,3 +182,13 @@ def processes_naming(marker: str) -> dict[int, list[str]]:
         if any(marker in arg for arg in argv) and _state(entry.name) not in (None, "Z"):
             found[int(entry.name)] = argv
     return found
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `slow` (the full fault soak) run only with ELASTIC_SLOW_TESTS=1."""
+    if os.environ.get("ELASTIC_SLOW_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: set ELASTIC_SLOW_TESTS=1 to run it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

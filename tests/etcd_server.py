@@ -2,7 +2,8 @@
 
 The fixture owns the process: `stop()` kills it by PID (SIGKILL: an acknowledged write must
 survive a crash, not only a clean shutdown), `start()` brings it back on the same ports and
-data dir.
+data dir, as often as a test likes (the fault soak restarts it many times); `running` says
+whether it is up.
 """
 
 from __future__ import annotations
@@ -69,7 +70,12 @@ class EtcdServer:
         self.stop()
         raise RuntimeError(f"etcd did not become healthy within {timeout} s")
 
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
     def stop(self) -> None:
+        """SIGKILL the server (a crash, not a shutdown) and reap it; no-op when it is down."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()

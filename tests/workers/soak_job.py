@@ -1,0 +1,114 @@
+"""The fault soak's training job: many short epochs of small steps until the test says stop.
+
+Like `elastic_job.py`, the ranks count with an allreduce how often each sample was trained
+on, in a buffer of the model that TorchState commits, restores and syncs; at the end every
+count must equal the number of epochs trained. The number of epochs is not fixed: at the
+start of every epoch from `--min-epochs` on, the ranks agree (an allreduce of "does
+`--stop-file` exist") whether to stop, so the test can keep the job training for as long as
+its faults take and then end it cleanly. The epoch count is part of the state, so it rolls
+back and forward with the counts.
+
+Prints `worker pid=P` at start, `joined rank=R size=N pid=P` after `hvd.init()`,
+`step S epoch E size N rank R pid P t T` per step (T: wall-clock time when the step's
+allreduce returned) and `done epochs E size N rank R` at the end. Every step line is also
+appended, after it was printed, to `--side-dir/<pid>.log`, written by the worker itself:
+the test checks that every line there reached the launcher. Rank 0 writes `result.json`
+(counts and epochs) into `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+import elastic.torch as hvd
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--side-dir", required=True)
+    parser.add_argument("--stop-file", required=True)
+    parser.add_argument("--min-epochs", type=int, default=2)
+    parser.add_argument("--max-epochs", type=int, default=100_000)
+    parser.add_argument("--samples", type=int, default=48)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--commit-every", type=int, default=2)
+    parser.add_argument("--step-delay", type=float, default=0.03)
+    args = parser.parse_args()
+
+    pid = os.getpid()
+    print(f"worker pid={pid}", flush=True)
+    side = open(Path(args.side_dir, f"{pid}.log"), "a", buffering=1)  # noqa: SIM115
+    hvd.init()
+    print(f"joined rank={hvd.rank()} size={hvd.size()} pid={pid}", flush=True)
+    torch.manual_seed(0)
+    n, b = args.samples, args.batch
+    data = torch.randn(n, 4)
+    target = data.sum(1, keepdim=True)
+    model = torch.nn.Linear(4, 1)
+    model.register_buffer("counts", torch.zeros(n))
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
+    )
+    sampler = hvd.elastic.ElasticSampler(range(n), shuffle=True, seed=1)
+    state = hvd.elastic.TorchState(
+        model=model, optimizer=optimizer, sampler=sampler, epoch=0, step=0
+    )
+
+    def stop_requested() -> bool:
+        """The same answer on every rank: whether any rank sees the stop file."""
+        flag = torch.tensor([1.0 if os.path.exists(args.stop_file) else 0.0])
+        hvd.allreduce_(flag, op=hvd.Max)
+        return bool(flag.item() > 0)
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        while state.epoch < args.max_epochs:
+            if state.epoch >= args.min_epochs and stop_requested():
+                return
+            mine = list(state.sampler)
+            shard = math.ceil(len(state.sampler.remaining_indices) / hvd.size())
+            for k in range(math.ceil(shard / b)):  # the same count on every rank
+                idx = mine[k * b : (k + 1) * b]  # empty at the tail of a shorter shard
+                optimizer.zero_grad()
+                loss = ((model(data[idx]) - target[idx]) ** 2).sum() / (b * hvd.size())
+                loss.backward()
+                optimizer.step()
+                seen = torch.zeros(n)
+                seen[idx] = 1.0
+                hvd.allreduce_(seen, op=hvd.Sum)
+                trained_at = time.time()
+                with torch.no_grad():
+                    model.counts += seen
+                state.sampler.record_batch(k, b)
+                state.step += 1
+                line = (
+                    f"step {state.step} epoch {state.epoch} size {hvd.size()} rank {hvd.rank()} "
+                    f"pid {pid} t {trained_at:.3f}"
+                )
+                print(line, flush=True)
+                side.write(line + "\n")
+                time.sleep(args.step_delay)
+                if state.step % args.commit_every == 0:
+                    state.commit()
+            state.epoch += 1
+            state.sampler.set_epoch(state.epoch)
+            state.commit()
+
+    train(state)
+    if hvd.rank() == 0:
+        result = {"counts": model.counts.tolist(), "epochs": state.epoch, "size": hvd.size()}
+        Path(args.out, "result.json").write_text(json.dumps(result))
+    print(f"done epochs {state.epoch} size {hvd.size()} rank {hvd.rank()}", flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
