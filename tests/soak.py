@@ -236,7 +236,7 @@ class SoakConfig:
     faults: int
     overlap: float = 0.3  # share of faults injected 0-300 ms after the previous one
     gap: tuple[float, float] = (0.3, 1.5)  # seconds after recovery, otherwise
-    stall_timeout: float = 45.0  # no step this long after a fault: a stall, stop injecting
+    stall_timeout: float = 30.0  # no step this long after a fault: a stall, stop injecting
     hosts: tuple[str, ...] = ("localhost", "127.0.0.1")
     slots: int = 2
     job_id: str = "soak"

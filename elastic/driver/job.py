@@ -65,7 +65,7 @@ from elastic.driver.state.saver import StateSaver
 from elastic.driver.tls import TlsIdentity
 from elastic.driver.workers import Worker, WorkerState, stop_workers
 from elastic.protocol import env as worker_env
-from elastic.protocol.etcd import DriverAddress
+from elastic.protocol.etcd import DriverAddress, certificate_mac
 from elastic.protocol.http import HostStatus, JobStatus, WorkerStatus
 
 log = logging.getLogger("elasticrun")
@@ -251,15 +251,26 @@ class Job:
         )
 
     async def _publish(self, new: bool) -> None:
-        """Save the job's spec (new job) and this driver's address; start the saver."""
+        """Save the job's spec (new job) and this driver's address; start the saver.
+
+        With TLS the address carries this driver's certificate and its MAC under the job
+        token, so workers of an earlier driver pin it (a restarted driver's certificate is
+        new). No private key is saved; the secret document (rewritten, which also drops a
+        key an older version saved there) holds the token alone."""
+        cert = self._tls.cert_pem if self._tls is not None else None
         address = DriverAddress(
             driver_id=self._driver_id,
             url=self._driver_url,
             control_address=self._control_address,
             host=os.uname().nodename,
             pid=os.getpid(),
+            tls_cert=cert.decode() if cert is not None else None,
+            tls_cert_mac=certificate_mac(self._token, cert) if cert is not None else None,
         )
-        documents = {"driver": address.model_dump_json().encode()}
+        documents = {
+            "driver": address.model_dump_json().encode(),
+            "secret": JobSecret(token=self._token).model_dump_json().encode(),
+        }
         if new:
             spec = JobSpec(
                 job_id=self.job_id,
@@ -268,11 +279,6 @@ class Job:
                 log_root=self._log_root,
             )
             documents["spec"] = spec.model_dump_json().encode()
-            secret = JobSecret(token=self._token)
-            if self._tls is not None:  # workers pin it: a restarted driver must present it
-                secret.tls_cert = self._tls.cert_pem.decode()
-                secret.tls_key = self._tls.key_pem.decode()
-            documents["secret"] = secret.model_dump_json().encode()
             documents["state"] = self._snapshot()
         try:
             await self._backend.save(documents, expiring=frozenset({"driver"}))
@@ -323,9 +329,7 @@ class Job:
         self._configure(settings)
         self._log_root = spec.log_root
         secret = JobSecret.model_validate_json(documents["secret"])
-        self._token = secret.token
-        if secret.tls_cert is not None and secret.tls_key is not None:
-            self._tls = TlsIdentity(secret.tls_cert.encode(), secret.tls_key.encode())
+        self._token = secret.token  # TLS: `_tls_identity` reads the key file or makes a new one
         state = JobState.model_validate_json(documents["state"])
         self._serial, self._resets = state.serial, state.resets
         self._update_version = state.update_version

@@ -8,6 +8,8 @@ The private key stays in memory. It is written nowhere except, for the moment th
 server's `ssl.SSLContext` reads it (Python's ssl module loads keys only from a path), into an
 anonymous in-memory file (Linux `memfd`), or where that is missing into a private temporary
 directory (0700, file 0600) removed at once. It never appears in a repr, a log or a command line.
+Nor is it saved with the job (etcd backend): a restarted driver loads the user's files again or
+makes a new self-signed identity, whose certificate it publishes for the workers to pin.
 """
 
 from __future__ import annotations

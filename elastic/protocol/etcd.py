@@ -5,15 +5,19 @@ publishes its address there so that workers find a restarted driver.
 
 Layout under `<prefix>/<job_id>/`:
   lock     the driver that runs the job (attached to its lease: gone when the driver is)
-  driver   that driver's addresses, a `DriverAddress` (attached to the same lease)
+  driver   that driver's addresses, a `DriverAddress` (attached to the same lease), with TLS
+           its certificate (public) and that certificate's MAC under the job token
   spec     the job's settings (what to run, where, with which limits)
-  secret   the job token (and TLS identity): never printed, never in `/v1/status`
+  secret   the job token: never printed, never in `/v1/status` (no TLS private key is
+           stored anywhere in etcd)
   state    epoch, members, worker registry, cooldowns, counters
   result   the job's exit code and message, once it ended
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from dataclasses import dataclass
 
@@ -21,6 +25,7 @@ from pydantic import BaseModel
 
 DEFAULT_PREFIX = "/elasticrun"
 KEY_NAMES = ("lock", "driver", "spec", "secret", "state", "result")
+_MAC_LABEL = b"elasticrun driver certificate\0"  # the token is also a bearer secret: a label
 
 
 class EtcdConfigError(ValueError):
@@ -97,11 +102,45 @@ def connect(options: EtcdOptions):  # noqa: ANN201 - pyetcd has no type hints
     )
 
 
+class CertificateNotAuthentic(ValueError):
+    """A certificate published in etcd whose MAC does not verify with the job token."""
+
+
+def certificate_mac(token: str, cert_pem: bytes) -> str:
+    """HMAC-SHA256 of `cert_pem` keyed by the job token, hex. Only holders of the token (the
+    driver and its workers) can make it; it reveals nothing about the token."""
+    return hmac.new(token.encode(), _MAC_LABEL + cert_pem, hashlib.sha256).hexdigest()
+
+
 class DriverAddress(BaseModel):
-    """Where the driver that runs a job serves; published under the job's `driver` key."""
+    """Where the driver that runs a job serves; published under the job's `driver` key.
+
+    With TLS it also carries the certificate the driver presents (PEM, public) and
+    `tls_cert_mac`, its `certificate_mac` under the job token: etcd may be readable, even
+    writable, by others, so a worker pins a published certificate only when the MAC
+    verifies with the token it holds (`verified_cert`). No private key is ever published.
+    """
 
     driver_id: str
     url: str
     control_address: str
     host: str
     pid: int
+    tls_cert: str | None = None
+    tls_cert_mac: str | None = None
+
+    def verified_cert(self, token: str) -> bytes | None:
+        """The published certificate (PEM), or None when none is published.
+
+        Raises `CertificateNotAuthentic` when its MAC is missing or does not verify with
+        `token` (a certificate someone other than the job's driver put there).
+        """
+        if self.tls_cert is None:
+            return None
+        expected = certificate_mac(token, self.tls_cert.encode())
+        if not token or not hmac.compare_digest(expected, self.tls_cert_mac or ""):
+            raise CertificateNotAuthentic(
+                f"the certificate published for the driver at {self.url} is not signed with "
+                "this job's token"
+            )
+        return self.tls_cert.encode()

@@ -45,7 +45,8 @@ class DriverClient:
     A 4xx answer is not retried: it raises `DriverError` with the driver's message
     (`KeyNotFound` for 404). Thread-safe: torch may call the Store from its own threads.
     While the driver is unreachable, `locator` is asked where it went (a restarted driver
-    publishes its new address in etcd). With `tls_cert`, the driver must present it.
+    publishes its new address in etcd). With `tls_cert`, the driver must present it, or
+    the certificate a restarted driver published and the locator verified.
     """
 
     def __init__(
@@ -59,6 +60,7 @@ class DriverClient:
     ) -> None:
         self._http = http_client(url, token, tls_cert, httpx.Timeout(10.0))
         self._url = url
+        self._token, self._tls_cert = token, tls_cert
         self._retry_for = retry_for
         self._locator = locator
 
@@ -67,9 +69,14 @@ class DriverClient:
         if self._locator is None:
             return False
         self._locator.refresh()
-        if self._locator.url == self._url:
+        url, cert = self._locator.url, self._locator.tls_cert or self._tls_cert
+        if url == self._url and cert == self._tls_cert:
             return False
-        self._url = self._http.base_url = self._locator.url
+        if cert != self._tls_cert:  # a restarted driver's new certificate (MAC verified)
+            # A new client: one in use by another thread is left to finish, not closed.
+            self._http = http_client(url, self._token, cert, httpx.Timeout(10.0))
+            self._tls_cert = cert
+        self._url = self._http.base_url = url
         return True
 
     def close(self) -> None:

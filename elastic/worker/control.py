@@ -241,16 +241,18 @@ class ControlClient:
         atexit.unregister(self.close)
 
     def _relocate(self) -> bool:
-        """The driver is unreachable: if it now serves elsewhere (a restarted driver published
-        its new address in etcd), connect there and return True. The old channel is closed,
-        which ends calls still waiting on it."""
+        """The driver is unreachable: if it now serves elsewhere or with another certificate
+        (a restarted driver published its new address in etcd), connect there and return
+        True. The old channel is closed, which ends calls still waiting on it."""
         if self._locator is None:
             return False
         self._locator.refresh()
         address = self._locator.control_address
+        cert = self._locator.tls_cert or self._tls_cert  # a restarted driver's, MAC verified
         with self._lock:
-            if self._stop.is_set() or address == self.address:
+            if self._stop.is_set() or (address == self.address and cert == self._tls_cert):
                 return False
+            self._tls_cert = cert
             old, self._channel = (
                 self._channel,
                 control_channel(address, self._tls_cert, _CHANNEL_OPTIONS),

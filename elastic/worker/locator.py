@@ -1,5 +1,5 @@
 """Where the driver serves: from the environment at start, and, with the etcd backend, from
-the address a restarted driver publishes in etcd."""
+the address a restarted driver publishes in etcd, with the certificate it presents (TLS)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 
-from elastic.protocol.etcd import DriverAddress, EtcdOptions, connect
+from elastic.protocol.etcd import CertificateNotAuthentic, DriverAddress, EtcdOptions, connect
 
 log = logging.getLogger(__name__)
 
@@ -15,24 +15,40 @@ LOOKUP_EVERY = 0.25  # seconds between etcd lookups while the driver is unreacha
 
 
 class DriverLocator:
-    """The driver's HTTP URL and control address. Thread-safe.
+    """The driver's HTTP URL, control address and (TLS) certificate. Thread-safe.
 
     `refresh()` is called by clients that cannot reach the driver: without etcd it changes
     nothing; with etcd it reads the job's `driver` key (at most every `LOOKUP_EVERY` s).
-    Each client then compares the addresses with the ones it uses. etcd errors change
-    nothing: the caller retries.
+    Each client then compares the addresses and certificate with the ones it uses. etcd
+    errors change nothing: the caller retries.
+
+    A restarted driver with TLS presents a new certificate and publishes it with a MAC under
+    the job token. Given `token`, a published certificate is taken up only when its MAC
+    verifies; a document whose certificate does not verify is refused as a whole (addresses
+    included) and logged: someone other than the job's driver wrote it. Without `token`,
+    published certificates are ignored and `tls_cert` stays the one given.
     """
 
     def __init__(
-        self, url: str, control_address: str, etcd: EtcdOptions | None, job_id: str
+        self,
+        url: str,
+        control_address: str,
+        etcd: EtcdOptions | None,
+        job_id: str,
+        *,
+        token: str | None = None,
+        tls_cert: bytes | None = None,
     ) -> None:
         self._url = url
         self._control_address = control_address
         self._etcd = etcd
         self._key = etcd.job_key(job_id, "driver") if etcd is not None else ""
+        self._token = token
+        self._tls_cert = tls_cert
         self._client = None
         self._lock = threading.Lock()
         self._last_lookup = 0.0
+        self._refused: bytes | None = None  # the last document refused
 
     @property
     def url(self) -> str:
@@ -43,6 +59,12 @@ class DriverLocator:
     def control_address(self) -> str:
         with self._lock:
             return self._control_address
+
+    @property
+    def tls_cert(self) -> bytes | None:
+        """The certificate (PEM) the driver presents, as given or last published and verified."""
+        with self._lock:
+            return self._tls_cert
 
     def refresh(self) -> None:
         """Look the driver up in etcd (unless done less than `LOOKUP_EVERY` s ago)."""
@@ -61,10 +83,22 @@ class DriverLocator:
                 return
             if value is None:
                 return  # no driver runs the job right now
-            address = DriverAddress.model_validate_json(value)
+            try:
+                address = DriverAddress.model_validate_json(value)
+                cert = address.verified_cert(self._token) if self._token else None
+            except CertificateNotAuthentic as err:
+                if value != self._refused:  # once per forged document, not every lookup
+                    log.error("refusing the driver address found in etcd: %s", err)
+                    self._refused = value
+                return
+            except ValueError as err:
+                log.debug("unreadable driver address in etcd: %s", err)
+                return
             if address.url != self._url:
                 log.warning("the driver now serves at %s", address.url)
             self._url, self._control_address = address.url, address.control_address
+            if cert is not None:
+                self._tls_cert = cert
 
     def close(self) -> None:
         with self._lock:

@@ -31,7 +31,14 @@ def init() -> None:
     if context.is_initialized():
         return
     config = WorkerConfig.from_env()
-    locator = DriverLocator(config.driver_url, config.control_address, config.etcd, config.job_id)
+    locator = DriverLocator(
+        config.driver_url,
+        config.control_address,
+        config.etcd,
+        config.job_id,
+        token=config.token,  # verifies the certificate a restarted driver publishes (TLS)
+        tls_cert=config.tls_cert,
+    )
     client = DriverClient(
         config.driver_url,
         config.token,

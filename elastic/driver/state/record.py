@@ -9,11 +9,15 @@ from pydantic import BaseModel, Field
 
 
 class JobSecret(BaseModel):
-    """The job token: workers authenticate with it, so a restarted driver must keep it."""
+    """The job token: workers authenticate with it, so a restarted driver must keep it.
+
+    Nothing else: no TLS private key is ever saved. A restarted driver re-reads the user's
+    `--tls-key` file (its path is in the saved settings) or makes a new self-signed
+    certificate, which it publishes, authenticated with this token, in its `DriverAddress`.
+    Documents saved by older versions may hold `tls_cert`/`tls_key`: they are ignored.
+    """
 
     token: str
-    tls_cert: str | None = None  # PEM of the certificate the workers pin
-    tls_key: str | None = None
 
 
 class JobSpec(BaseModel):
