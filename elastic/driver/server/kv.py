@@ -86,7 +86,15 @@ async def get_key(body: GetRequest, svc: ServicesDep) -> ValueResponse:
     return ValueResponse(value=_encode(value))
 
 
-@router.post("/add")
+@router.post(
+    "/add",
+    responses={
+        409: {
+            "description": "the key holds no integer, or the sum would leave the int64 range "
+            "of torch's Store counters; the key keeps its value"
+        }
+    },
+)
 async def add(body: AddRequest, svc: ServicesDep) -> AddResponse:
     try:
         return AddResponse(value=await svc.kv.add(_key(body.epoch, body.key), body.amount))

@@ -1,12 +1,16 @@
 """The key-value interface behind the torch.distributed Store the workers use.
 
 Semantics follow c10d's TCPStore: values are bytes; `add` stores the counter as its decimal
-ASCII text; `compare_set` on a missing key sets it only when `expected` is empty.
+ASCII text and keeps it within int64; `compare_set` on a missing key sets it only when
+`expected` is empty.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
 
 
 class KeyValueStore(ABC):
@@ -24,7 +28,9 @@ class KeyValueStore(ABC):
     async def add(self, key: str, amount: int) -> int:
         """Add `amount` to the integer at `key` (missing counts as 0); return the new value.
 
-        Raises ValueError if the key holds something that is not an integer.
+        Raises ValueError, leaving the key as it was, if the key holds something that is not
+        an integer or if the sum would leave the int64 range (`INT64_MIN`..`INT64_MAX`, the
+        range of c10d's counters).
         """
 
     @abstractmethod

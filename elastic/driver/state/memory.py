@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from elastic.driver.changes import ChangeNotifier
 from elastic.driver.state.backend import StateBackend
-from elastic.driver.state.kv import KeyValueStore
+from elastic.driver.state.kv import INT64_MAX, INT64_MIN, KeyValueStore
 
 
 class MemoryKeyValueStore(KeyValueStore):
@@ -34,6 +34,8 @@ class MemoryKeyValueStore(KeyValueStore):
             value = int(raw) + amount
         except ValueError:
             raise ValueError(f"key {key!r} does not hold an integer") from None
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise ValueError(f"adding {amount} to key {key!r} would leave the int64 range")
         self._data[key] = str(value).encode()
         self._changes.notify()
         return value
