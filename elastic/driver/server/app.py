@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 
 from elastic.driver.server import kv, rendezvous, status
 from elastic.driver.server.auth import TokenGate, require_token
+from elastic.driver.server.connections import ConnectionGuard, ConnectionLimits
 from elastic.driver.server.limits import MAX_BODY_BYTES, BodyLimit
 from elastic.driver.server.services import Services
 from elastic.driver.tls import TlsIdentity
@@ -88,10 +89,17 @@ class HttpServer:
 
     With `tls` it serves HTTPS only (a plain-HTTP client fails its request) and `url` starts
     with https://; the SSLContext is built here, so a bad identity raises before serving.
+    Connections are bounded in number and in idle time by `limits` (see `ConnectionGuard`;
+    default: `ConnectionLimits()`).
     """
 
     def __init__(
-        self, app: FastAPI, host: str, port: int = 0, tls: TlsIdentity | None = None
+        self,
+        app: FastAPI,
+        host: str,
+        port: int = 0,
+        tls: TlsIdentity | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         ssl_context = tls.server_ssl_context() if tls is not None else None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -103,12 +111,16 @@ class HttpServer:
         self.host = host
         self.port = self._socket.getsockname()[1]
         self.tls = tls
+        self.limits = limits or ConnectionLimits()
+        self._guard = ConnectionGuard(self.limits)
         config = uvicorn.Config(
             app,
+            http=self._guard.protocol,  # type: ignore[arg-type]
+            ws="none",  # no route takes a websocket: refuse upgrades in the protocol
             log_level="warning",
             access_log=False,
             lifespan="off",
-            timeout_keep_alive=75,
+            timeout_keep_alive=self.limits.idle_timeout,  # type: ignore[arg-type]
             # The context holds the key in memory: no key file for uvicorn to read.
             ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context else None,
         )
@@ -120,6 +132,12 @@ class HttpServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         scheme = "https" if self.tls is not None else "http"
         return f"{scheme}://{host}:{self.port}"
+
+    @property
+    def connections(self) -> tuple[int, int]:
+        """(held, idle): the connections open now, and how many of them wait for a request
+        head (the rest have a request in progress)."""
+        return len(self._server.server_state.connections), self._guard.idle
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
