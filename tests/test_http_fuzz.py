@@ -49,8 +49,10 @@ class PromptStore(MemoryKeyValueStore):
 class PromptRendezvous(Rendezvous):
     """The rendezvous, with every join's long-poll cut to `WAIT_CAP`."""
 
-    async def join(self, worker_id: str, after_epoch: int, timeout: float) -> Joined | None:
-        return await super().join(worker_id, after_epoch, min(timeout, WAIT_CAP))
+    async def join(
+        self, worker_id: str, after_epoch: int, timeout: float, commit: int = 0
+    ) -> Joined | None:
+        return await super().join(worker_id, after_epoch, min(timeout, WAIT_CAP), commit)
 
 
 def prompt_services() -> Services:

@@ -20,6 +20,7 @@ ELASTIC = "ELASTIC_ELASTIC"  # "1" in an elastic job
 JOB_ID = "ELASTIC_JOB_ID"
 COLLECTIVE_TIMEOUT = "ELASTIC_COLLECTIVE_TIMEOUT"
 START_TIMEOUT = "ELASTIC_START_TIMEOUT"
+ELASTIC_TIMEOUT = "ELASTIC_ELASTIC_TIMEOUT"  # how long the job may wait for --min-np workers
 # With the etcd backend: where workers look up a restarted driver's address, and how long
 # they wait for one.
 ETCD_ENDPOINTS = "ELASTIC_ETCD_ENDPOINTS"

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_EPOCH = (1 << 53) - 1  # the largest integer that every JSON parser reads exactly
 MAX_PID = (1 << 31) - 1  # pid_t
+MAX_COMMIT = MAX_EPOCH
 MAX_KEY_LENGTH = 1024
 MAX_VALUE_BYTES = 4 * 1024 * 1024
 MAX_KEYS_PER_REQUEST = 1024
@@ -52,15 +53,21 @@ class JoinRequest(Strict):
     after_epoch: Epoch = 0
     pid: int = Field(default=0, ge=0, le=MAX_PID)
     timeout: float = Field(default=30.0, ge=0.0, le=MAX_WAIT_SECONDS)
+    commit: int = Field(default=0, ge=0, le=MAX_COMMIT)
+    """How many state commits the worker's snapshot holds (0: none, a fresh worker)."""
 
 
 class JoinResponse(Strict):
     """`formed`: `epoch` and `slot` are the worker's; `pending`: no such epoch formed within
-    the timeout (ask again); `not_member`: the worker was excluded from the job and must exit."""
+    the timeout (ask again); `not_member`: the worker was excluded from the job and must exit.
+
+    `job_commit` is the newest commit count any worker of the job has reported: when the
+    members of a round hold less, a commit was lost with the workers that held it."""
 
     status: Literal["formed", "pending", "not_member"]
     epoch: int = 0
     slot: SlotInfo | None = None
+    job_commit: int = 0
 
 
 # --- key-value store (the torch.distributed.Store operations) -----------------------------

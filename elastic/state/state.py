@@ -17,7 +17,9 @@ rank holds a commit.
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,6 +28,16 @@ from elastic.worker import collectives, context
 from elastic.worker.errors import HostsUpdatedInterrupt
 
 __all__ = ["ObjectState", "State"]
+
+log = logging.getLogger("elastic")
+
+
+@dataclass(frozen=True)
+class _Survey:
+    root: int  # the lowest rank holding the newest commit
+    newest: int  # that commit count
+    job_commit: int  # the newest commit count the job had reached, as the driver knew it
+    needed: bool  # whether any rank asked for a sync
 
 
 class State:
@@ -102,12 +114,27 @@ class State:
         """Return `(rank, commit_count)`: the lowest rank among those whose snapshot has the
         highest commit counter. A collective (one allreduce); raises its `RuntimeError` if a
         peer dies."""
+        survey = self._survey(needed=True)
+        return survey.root, survey.newest
+
+    def _survey(self, needed: bool) -> _Survey:
+        """One allreduce: every rank's commit count, whether any rank `needed` a sync, and
+        the newest commit count the driver told any rank of."""
         ctx = context.current("State.sync")
-        counts = torch.zeros(ctx.size, dtype=torch.int64)
-        counts[ctx.rank] = self._commit_count
-        counts = collectives.allreduce(counts, op=collectives.Sum)
+        size = ctx.size
+        values = torch.zeros(2 * size + 1, dtype=torch.int64)
+        values[ctx.rank] = self._commit_count
+        values[size + ctx.rank] = ctx.job_commit
+        values[2 * size] = int(needed)
+        values = collectives.allreduce(values, op=collectives.Sum)
+        counts = values[:size]
         newest = int(counts.max())
-        return int((counts == newest).nonzero()[0]), newest
+        return _Survey(
+            root=int((counts == newest).nonzero()[0]),
+            newest=newest,
+            job_commit=int(values[size : 2 * size].max()),
+            needed=bool(values[2 * size]),
+        )
 
     def sync(self) -> None:
         """Make every rank's state equal to that of the rank holding the newest commit, and
@@ -118,11 +145,35 @@ class State:
         meanwhile, the collective's `RuntimeError` propagates (the run loop turns it into
         `WorkerLostError`) and this rank's state may be partly overwritten; its snapshot is
         untouched, so `restore()` recovers it.
+
+        When no rank holds the newest commit the job had reached (the workers that held it
+        are gone), rank 0 says so in one log line and training goes on from the newest
+        commit that survives; the counter then continues from the job's newest, so it never
+        goes backwards.
         """
-        root, newest = self.newest_commit_rank()
-        self.sync_from(root)
-        self._commit_count = newest
+        self.sync_if_needed(True)
+
+    def sync_if_needed(self, needed: bool) -> None:
+        """`sync()` if any rank passes `needed=True`, else nothing beyond one small allreduce.
+        A collective: every rank of the epoch calls it, each with its own view (the run loop
+        passes False after a membership change that, as this rank saw it, added nobody)."""
+        survey = self._survey(needed)
+        if not survey.needed:
+            return
+        ctx = context.current("State.sync")
+        self.sync_from(survey.root)
+        self._commit_count = max(survey.newest, survey.job_commit)
+        if survey.newest < survey.job_commit and ctx.rank == 0:
+            start = f"commit {survey.newest}" if survey.newest else "the initial state"
+            log.warning(
+                "training state lost: no worker of the job holds its newest commit (%d), the "
+                "workers that held it are gone; going on from %s",
+                survey.job_commit,
+                start,
+            )
         self.save()
+        if ctx.on_commit is not None:
+            ctx.on_commit(self._commit_count)
 
     def save(self) -> None:
         """Snapshot the state to host memory (local; no collective)."""

@@ -9,7 +9,7 @@ from typing import TypeVar
 import httpx
 from pydantic import BaseModel
 
-from elastic.protocol.http import JoinRequest, JoinResponse, SlotInfo
+from elastic.protocol.http import JoinRequest, JoinResponse
 from elastic.worker.locator import DriverLocator
 from elastic.worker.retries import bounded_retries
 from elastic.worker.transport import http_client
@@ -110,23 +110,31 @@ class DriverClient:
             raise DriverError(f"driver refused {path}: {answer.status_code} {answer.text}")
         return response.model_validate_json(answer.content)
 
-    def join(self, worker_id: str, after_epoch: int, timeout: float) -> tuple[int, SlotInfo]:
-        """Join the first epoch newer than `after_epoch` that includes this worker.
+    def join(
+        self, worker_id: str, after_epoch: int, timeout: float, commit: int = 0
+    ) -> JoinResponse:
+        """Join the first epoch newer than `after_epoch` that includes this worker, telling
+        the driver how many commits its state holds (`commit`).
 
-        Returns (epoch, slot). Raises `NotMemberError` if the driver excluded the worker (it
-        must leave the job), `DriverError` if no such epoch forms within `timeout` seconds.
+        Returns the driver's `formed` answer (epoch, slot, the job's newest commit). Raises
+        `NotMemberError` if the driver excluded the worker (it must leave the job),
+        `DriverError` if no such epoch forms within `timeout` seconds.
         """
         deadline = time.monotonic() + timeout
         while True:
             poll = max(0.0, min(30.0, deadline - time.monotonic()))
             request = JoinRequest(
-                worker_id=worker_id, after_epoch=after_epoch, pid=os.getpid(), timeout=poll
+                worker_id=worker_id,
+                after_epoch=after_epoch,
+                pid=os.getpid(),
+                timeout=poll,
+                commit=commit,
             )
             answer = self.post("/v1/rendezvous/join", request, JoinResponse, wait=poll)
             if answer.status == "not_member":
                 raise NotMemberError(f"worker {worker_id} is no longer part of the job")
             if answer.status == "formed" and answer.slot is not None:
-                return answer.epoch, answer.slot
+                return answer
             if time.monotonic() >= deadline:
                 raise DriverError(
                     f"no epoch after {after_epoch} with worker {worker_id} formed within "

@@ -27,6 +27,13 @@ class WorkerConfig:
     tls_cert: bytes | None = None  # the driver's certificate, pinned (TLS)
     etcd: EtcdOptions | None = None  # where a restarted driver publishes its address
     driver_wait: float = 300.0  # seconds to keep trying to reach a restarted driver
+    elastic_timeout: float = 600.0  # seconds the driver may wait for enough workers
+
+    @property
+    def rejoin_timeout(self) -> float:
+        """How long a member waits for its next epoch: the driver may wait for joiners (to
+        start, or to take this worker's state over) up to its elastic timeout."""
+        return self.start_timeout + (self.elastic_timeout if self.elastic else 0.0)
 
     @property
     def driver_retry_for(self) -> float:
@@ -56,6 +63,7 @@ class WorkerConfig:
             tls_cert=os.environ[env.TLS_CERT].encode() if os.environ.get(env.TLS_CERT) else None,
             etcd=_etcd_from_env(),
             driver_wait=float(os.environ.get(env.DRIVER_WAIT, "300")),
+            elastic_timeout=float(os.environ.get(env.ELASTIC_TIMEOUT, "600")),
         )
 
 

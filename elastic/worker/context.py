@@ -41,6 +41,7 @@ class WorkerContext:
     timeout: float = 1800.0  # seconds a collective may take (--collective-timeout)
     resources: list[Any] = field(default_factory=list)
     on_commit: Callable[[int], None] | None = None  # told each state commit's count
+    job_commit: int = 0  # the newest commit count the driver knew of when this epoch formed
 
     @property
     def rank(self) -> int:

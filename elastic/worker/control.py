@@ -181,6 +181,12 @@ class ControlClient:
         with self._lock:
             self._epoch = epoch
 
+    @property
+    def commit(self) -> int:
+        """The commit count last given to `set_commit` (0 before)."""
+        with self._lock:
+            return self._commit
+
     def set_commit(self, commit: int) -> None:
         """How many state commits this worker has made; the next heartbeats carry it."""
         with self._lock:

@@ -4,33 +4,17 @@ from __future__ import annotations
 
 import functools
 import logging
-import signal
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from elastic.state.state import State
-from elastic.worker import context, runtime
+from elastic.worker import runtime
 from elastic.worker.client import NotMemberError
 from elastic.worker.errors import HostsUpdatedInterrupt, WorkerLostError
 
 log = logging.getLogger("elastic")
 
 Result = TypeVar("Result")
-
-
-def _leave_on_sigterm() -> None:
-    """SIGTERM (a spot reclaim, a Kubernetes eviction) makes this worker leave at its next
-    commit: the others go on without it, nothing is rolled back, its host is not cooled down."""
-
-    def leave(signum: int, frame: Any) -> None:
-        ctx = context.current("SIGTERM handler")
-        ctx.events.request_leave()
-        control = ctx.resources[2]
-        threading.Thread(target=control.leave, args=("SIGTERM",), daemon=True).start()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, leave)
 
 
 def run(func: Callable[..., Result]) -> Callable[..., Result]:
@@ -48,13 +32,11 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Result:
-        context.current("hvd.elastic.run")
-        _leave_on_sigterm()
+        runtime.leave_on_sigterm()
         skip_sync = False
         while True:
             try:
-                if not skip_sync:
-                    state.sync()
+                state.sync_if_needed(not skip_sync)
                 return func(state, *args, **kwargs)
             except WorkerLostError as err:
                 log.warning("rank %d: %s; restoring the last commit", runtime.rank(), err)

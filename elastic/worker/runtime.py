@@ -4,14 +4,17 @@ worker's place in the job."""
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
 from elastic.worker import context
 from elastic.worker.client import DriverClient, EpochSuperseded, NotMemberError
 from elastic.worker.config import WorkerConfig
-from elastic.worker.control import ControlClient
+from elastic.worker.control import ControlClient, ControlError
 from elastic.worker.errors import WorkerLostError
 from elastic.worker.locator import DriverLocator
 from elastic.worker.membership import MembershipEvents
@@ -24,9 +27,11 @@ log = logging.getLogger(__name__)
 def init() -> None:
     """Join the rendezvous and form the process group. Calling it again does nothing.
 
-    Raises `NotLaunchedError` when the process was not started by `elasticrun`,
-    `DriverError` when no epoch with this worker forms within the start timeout, and
-    `NotMemberError` when the driver excluded the worker before it joined.
+    Raises `NotLaunchedError` when the process was not started by `elasticrun` and
+    `DriverError` when no epoch with this worker forms within the start timeout. A worker
+    the driver excluded before it joined (its host left the job, the job is ending, it got
+    SIGTERM) ends with `SystemExit(0)`. In an elastic job, SIGTERM from here on makes the
+    worker leave at its next commit (`leave_on_sigterm`).
     """
     if context.is_initialized():
         return
@@ -58,13 +63,43 @@ def init() -> None:
     )
     control.start()
     if config.elastic:
+        _leave_on_sigterm(events, control)
         _warm_up()
     try:
-        _enter_next_epoch(config, client, control, events, after_epoch=0)
+        _enter_next_epoch(config, client, control, events, 0, config.start_timeout)
+    except NotMemberError:
+        _close(control, client)
+        log.info("this worker leaves the job before it joined")
+        raise SystemExit(0) from None
     except BaseException:
         control.close()
         client.close()
         raise
+
+
+def leave_on_sigterm() -> None:
+    """Make SIGTERM (a spot reclaim, a Kubernetes eviction) mean: leave the job at the next
+    commit; the others go on without this worker, nothing is rolled back, its host is not
+    cooled down. Works at any point of the worker's life, a re-form included. Only from the
+    main thread (elsewhere it does nothing)."""
+    ctx = context.current("hvd.elastic.run")
+    _leave_on_sigterm(ctx.events, ctx.resources[2])
+
+
+def _leave_on_sigterm(events: MembershipEvents, control: ControlClient) -> None:
+    def leave(signum: int, frame: Any) -> None:
+        events.request_leave()
+        threading.Thread(target=_ask_to_leave, args=(control,), daemon=True).start()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, leave)
+
+
+def _ask_to_leave(control: ControlClient) -> None:
+    try:
+        control.leave("SIGTERM")
+    except ControlError as err:  # the driver stops this worker already, or is gone
+        log.debug("the driver did not take the leave request: %s", err)
 
 
 def _warm_up() -> None:
@@ -83,14 +118,18 @@ def _enter_next_epoch(
     control: ControlClient,
     events: MembershipEvents,
     after_epoch: int,
+    join_timeout: float,
 ) -> None:
-    """Join the first epoch after `after_epoch` and form its process group.
+    """Join the first epoch after `after_epoch` (waiting up to `join_timeout` seconds for it)
+    and form its process group.
 
     A newer epoch forming while the group forms (a peer died meanwhile) makes it join again.
     """
     timeout = timedelta(seconds=config.collective_timeout)
     while True:
-        epoch, slot = client.join(config.worker_id, after_epoch, config.start_timeout)
+        answer = client.join(config.worker_id, after_epoch, join_timeout, control.commit)
+        epoch, slot = answer.epoch, answer.slot
+        assert slot is not None
         control.set_epoch(epoch)
         store = DriverStore(client, epoch, timeout)
         device = device_for(slot.local_rank)
@@ -109,6 +148,7 @@ def _enter_next_epoch(
                 timeout=config.collective_timeout,
                 resources=[config, client, control],
                 on_commit=control.set_commit,
+                job_commit=answer.job_commit,
             )
         )
         return
@@ -127,7 +167,7 @@ def rejoin() -> None:
     abandon_group()
     context.activate(None)
     try:
-        _enter_next_epoch(config, client, control, ctx.events, after_epoch=ctx.epoch)
+        _enter_next_epoch(config, client, control, ctx.events, ctx.epoch, config.rejoin_timeout)
     except NotMemberError:
         _close(control, client)
         raise
