@@ -71,6 +71,7 @@ from elastic.protocol.http import HostStatus, JobStatus, WorkerStatus
 log = logging.getLogger("elasticrun")
 
 PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
+JOIN_WINDOW = 3.0  # seconds ready joiners wait for those launched with them before a re-form
 
 
 def describe_exit(worker: Worker) -> str:
@@ -120,6 +121,7 @@ class Job:
         self._short_since: float | None = None
         self._last_progress = 0.0
         self._update_version = 0
+        self._newest_commit = 0  # the newest commit count any worker reported
         self._tasks: set[asyncio.Task[None]] = set()
         self._pumps: list[asyncio.Task[None]] = []
         self._result: asyncio.Future[int] | None = None
@@ -171,7 +173,12 @@ class Job:
             hosts = await self._first_hosts()
         address = self._hosts.bind_address(hosts, self.settings.network_interface)
         services = Services(
-            self._token, self._kv, self._rendezvous, self.status, durable=self._durable
+            self._token,
+            self._kv,
+            self._rendezvous,
+            self.status,
+            durable=self._durable,
+            newest_commit=lambda: self._newest_commit,
         )
         self._tls = self._tls or self._tls_identity(address)
         http = HttpServer(create_app(services), address, tls=self._tls)
@@ -313,6 +320,7 @@ class Job:
             resets=self._resets,
             update_version=self._update_version,
             finishing=self._finishing,
+            newest_commit=self._newest_commit,
         )
         return state.model_dump_json().encode()
 
@@ -333,6 +341,7 @@ class Job:
         state = JobState.model_validate_json(documents["state"])
         self._serial, self._resets = state.serial, state.resets
         self._update_version = state.update_version
+        self._newest_commit = state.newest_commit
         for record in state.workers:
             worker = worker_from(record)
             self._workers[worker.worker_id] = worker
@@ -355,16 +364,20 @@ class Job:
         )
 
     def _adopt(self) -> None:
-        """Watch the workers an earlier driver launched, as if this one had."""
+        """Watch the workers an earlier driver launched, as if this one had; finish stopping
+        those it was stopping when it died."""
         now = self._clock()
         for worker in self._workers.values():
-            if not worker.state.alive:
+            stopping = worker.state is WorkerState.STOPPED and worker.exit_code is None
+            if not (worker.state.alive or stopping):
                 continue
             worker.process = AdoptedProcess(worker.launcher_pid, worker.log_dir)
             worker.launched_at = now
             worker.last_heartbeat = now + ADOPT_GRACE  # it has to find this driver first
             self._follow_output(worker, self._folder(worker))
             self._spawn(self._await_exit(worker))
+            if stopping:
+                self._stop(worker)
 
     async def _record_result(self) -> None:
         """Save how the job ended (not when this driver merely lost it)."""
@@ -467,6 +480,7 @@ class Job:
             worker_env.CONTROL_ADDRESS: self._control_address,
             worker_env.JOB_ID: self.job_id,
             worker_env.START_TIMEOUT: self.settings.start_timeout,
+            **({worker_env.ELASTIC_TIMEOUT: self.elastic.elastic_timeout} if self.elastic else {}),
             worker_env.COLLECTIVE_TIMEOUT: self.settings.collective_timeout,
             worker_env.ELASTIC: int(self.elastic is not None),
             worker_env.TOKEN: self._token,
@@ -535,9 +549,10 @@ class Job:
         try:
             worker.process = await self._hosts.launcher(worker.hostname).launch(spec)
         except LaunchError as err:
-            if self.elastic is None:
-                raise
+            if self.elastic is None or self._hosts.is_local(worker.hostname):
+                raise  # the command cannot run here: trying again would not help
             worker.state = WorkerState.FAILED
+            log.error("cannot start a worker on host %s: %s", worker.hostname, err)
             self._host_failed(worker.hostname, str(err))
             return
         worker.launcher_pid = worker.process.pid
@@ -568,12 +583,20 @@ class Job:
         worker.exit_code = code
         if worker.state is WorkerState.STOPPED or not worker.state.alive:
             return
-        if worker.state is WorkerState.LEAVING:
+        if worker.state is WorkerState.LEAVING and not worker.handing_over:
             worker.state = WorkerState.EXITED
             if code != 0:
                 log.warning("%s left with exit code %d", self._where(worker), code)
+            self._scale()  # its slot is free again
         elif code == 0:
             self._worker_exited(worker)
+        elif code in (126, 127) and not worker.registered:
+            self._finish(
+                code,
+                f"{self._where(worker)} could not run {self.settings.command[0]!r} (exit code "
+                f"{code}: {'not found' if code == 127 else 'not executable'}); its output says "
+                "more",
+            )
         else:
             self._worker_failed(worker, describe_exit(worker))
 
@@ -634,12 +657,15 @@ class Job:
             self._finish(worker.exit_code or 1, "every worker of the job failed")
         else:
             self._scale()  # refill the slot at once if its host is not in cooldown
+            self._check_handovers()
 
     def _host_failed(self, hostname: str, reason: str) -> None:
         update = self._tracker.host_failed(hostname, self._clock())
         until = self._tracker.cooldown.until(hostname)
         if until is not None and until > self._clock():
-            log.warning("host %s in cooldown for %.0f s", hostname, until - self._clock())
+            log.warning(
+                "host %s in cooldown for %.0f s (%s)", hostname, until - self._clock(), reason
+            )
         if update.change is not None:
             self._hosts_changed(update.change)
 
@@ -653,14 +679,17 @@ class Job:
         if self._finishing:
             return
         previous = self._rendezvous.members
-        survivors = [w for w in previous if self._workers[w].state is WorkerState.MEMBER]
+        handing_over = frozenset(w for w in previous if self._workers[w].handing_over)
+        survivors = [
+            w for w in previous if self._workers[w].state is WorkerState.MEMBER or w in handing_over
+        ]
         waiting = self._rendezvous.waiting
         joiners = [
             w.worker_id
             for w in self._workers.values()
             if w.state is WorkerState.LAUNCHING and w.worker_id in waiting
         ]
-        members = next_members(survivors, joiners, self.elastic.max_np)
+        members = next_members(survivors, joiners, self.elastic.max_np, handing_over)
         if len(members) < self.elastic.min_np:
             if self._short_since is None:
                 self._short_since = self._clock()
@@ -684,7 +713,8 @@ class Job:
         # Nobody can still use the keys of the epoch before the previous one: drop them.
         self._spawn(self._kv.delete_prefix(Rendezvous.epoch_prefix(epoch - 2)))
         for worker_id in members:
-            self._workers[worker_id].state = WorkerState.MEMBER
+            if self._workers[worker_id].state is WorkerState.LAUNCHING:
+                self._workers[worker_id].state = WorkerState.MEMBER  # a leaving one stays so
         self._save_soon()
         added = [w for w in members if w not in previous]
         removed = [w for w in previous if w not in members]
@@ -709,20 +739,23 @@ class Job:
         if self._saver is not None:
             self._saver.request()
 
-    def _scale(self) -> None:
-        """Launch workers on free slots of usable hosts, up to --max-np workers."""
+    def _scale(self) -> int:
+        """Launch workers on free slots of usable hosts, up to --max-np workers that stay
+        (leaving ones still hold their slots but do not count); return how many."""
         if self.elastic is None or self._finishing:
-            return
+            return 0
         alive = self._alive()
         occupied: dict[str, set[int]] = {}
         for worker in alive:
             occupied.setdefault(worker.hostname, set()).add(worker.host_slot)
+        staying = [w for w in alive if w.state is not WorkerState.LEAVING]
         cap = self.elastic.max_np
-        wanted = (cap - len(alive)) if cap is not None else 1 << 30
+        wanted = (cap - len(staying)) if cap is not None else 1 << 30
         hosts = [h for h in self._tracker.hosts if self._hosts.usable(h.hostname)]
         places = free_slots(hosts, occupied, wanted)
         if places:
             self._spawn(self._grow(places))
+        return len(places)
 
     async def _grow(self, places: list[tuple[str, int]]) -> None:
         unreachable = await self._hosts.check_reachable({h for h, _ in places}, fatal=False)
@@ -743,17 +776,73 @@ class Job:
             log.info("launched %d worker(s) on %s", len(started), _host_summary(started))
 
     def _request_leave(self, worker: Worker, why: str) -> None:
-        """`worker` leaves at its next commit: no rollback, no cooldown."""
+        """`worker` leaves at its next commit: no rollback, no cooldown. If it holds the only
+        copy of the newest commit, it first stays a member until another worker (a survivor,
+        or a joiner launched for this) reports holding that commit."""
         if worker.state is WorkerState.LAUNCHING:
+            log.info("%s is stopped: %s", self._where(worker), why)
             self._stop(worker)
             return
         if worker.state is not WorkerState.MEMBER:
             return
         worker.state = WorkerState.LEAVING
+        if self.elastic is None or self._handed_over(worker):
+            self._let_go(worker, why)
+            return
+        worker.handing_over = True
+        self._save_soon()
+        log.info(
+            "%s leaves the job (%s) once another worker holds its state (commit %d)",
+            self._where(worker),
+            why,
+            worker.commit,
+        )
+        self._check_handovers()
+
+    def _let_go(self, worker: Worker, why: str) -> None:
+        """Exclude the leaving `worker` from the job and re-form without it."""
+        worker.handing_over = False
         self._rendezvous.exclude(worker.worker_id)
         log.info("%s leaves the job: %s", self._where(worker), why)
         if self.elastic is not None:
             self._reform(f"{self._where(worker)} leaves: {why}")
+        else:
+            self._save_soon()
+
+    def _handed_over(self, worker: Worker) -> bool:
+        """Whether another member that stays holds `worker`'s newest commit (or it has none)."""
+        return worker.commit == 0 or any(
+            other.state is WorkerState.MEMBER and other.commit >= worker.commit
+            for other in self._members()
+            if other is not worker
+        )
+
+    def _check_handovers(self) -> None:
+        """Let every leaving worker go whose state another member now holds, or for which no
+        worker is there, or can be started, to take it over (its state then goes with it)."""
+        for worker in list(self._workers.values()):
+            if not (worker.handing_over and worker.state.alive):
+                continue
+            if self._handed_over(worker):
+                self._let_go(worker, f"another worker holds its state now (commit {worker.commit})")
+            elif not self._scale() and not any(
+                w.state in (WorkerState.LAUNCHING, WorkerState.MEMBER) for w in self._alive()
+            ):
+                log.warning(
+                    "%s takes the only copy of the job's state (commit %d) with it: no other "
+                    "worker can be started to take it over",
+                    self._where(worker),
+                    worker.commit,
+                )
+                self._let_go(worker, "nobody can take its state over")
+
+    def _note_commit(self, worker: Worker, commit: int) -> None:
+        """`worker` reported that its state holds `commit` commits."""
+        if commit == worker.commit:
+            return
+        worker.commit = commit
+        self._newest_commit = max(self._newest_commit, commit)
+        self._check_handovers()
 
     def _hosts_changed(self, change: HostChange) -> None:
         """Discovery or a cooldown changed the usable hosts."""
@@ -769,9 +858,19 @@ class Job:
         self._scale()
 
     def _stop(self, worker: Worker) -> None:
+        """Stop `worker` for good: exclude it, SIGTERM it, SIGKILL it after --stop-grace (a
+        stopped or hung process ignores SIGTERM until it is too late)."""
         worker.state = WorkerState.STOPPED
+        self._rendezvous.exclude(worker.worker_id)
+        self._save_soon()
         if worker.process is not None:
             worker.process.terminate()
+            self._spawn(self._kill_if_still_running(worker))
+
+    async def _kill_if_still_running(self, worker: Worker) -> None:
+        await asyncio.sleep(self.settings.stop_grace)
+        if worker.exit_code is None and worker.process is not None:
+            worker.process.kill()
 
     def _broadcast(self, event: ControlEvent, workers: list[Worker]) -> None:
         for worker in workers:
@@ -781,12 +880,15 @@ class Job:
 
     # --- inputs from the rendezvous and the control service ------------------------------
 
-    def _on_wait(self, worker_id: str, after_epoch: int) -> None:
-        """A worker waits for an epoch newer than `after_epoch`."""
+    def _on_wait(self, worker_id: str, after_epoch: int, commit: int) -> None:
+        """A worker whose state holds `commit` commits waits for an epoch after `after_epoch`."""
         worker = self._workers.get(worker_id)
         if worker is None or self.elastic is None or self._finishing:
             return
+        self._note_commit(worker, commit)
         if worker.state is WorkerState.LAUNCHING:
+            if worker.waiting_since is None:
+                worker.waiting_since = self._clock()
             launching = [w for w in self._workers.values() if w.state is WorkerState.LAUNCHING]
             waiting = self._rendezvous.waiting
             if all(w.worker_id in waiting for w in launching):
@@ -820,7 +922,7 @@ class Job:
         if worker is None or not worker.state.alive:
             return False
         worker.last_heartbeat = self._clock()
-        worker.commit = commit
+        self._note_commit(worker, commit)
         return True
 
     def leave(self, worker_id: str, reason: str) -> bool:
@@ -868,6 +970,7 @@ class Job:
                     self._not_joined(worker)
                 else:
                     self._declare_dead(worker, verdict.value)
+            self._form_with_ready_joiners(now)
             if self.elastic is not None and self._short_since is not None:
                 waited = now - self._short_since
                 if waited > self.elastic.elastic_timeout:
@@ -882,6 +985,27 @@ class Job:
                         f"{self.elastic.min_np}, {self.elastic.elastic_timeout - waited:.0f} s "
                         "left (--elastic-timeout)"
                     )
+
+    def _form_with_ready_joiners(self, now: float) -> None:
+        """Re-form with the joiners that wait at the rendezvous once the first of them has
+        waited `JOIN_WINDOW` seconds, without those launched with them that are still
+        starting (one hung joiner must not hold the others back until it is timed out)."""
+        if self.elastic is None or self._finishing:
+            return
+        waiting = self._rendezvous.waiting
+        ready = [
+            w
+            for w in self._workers.values()
+            if w.state is WorkerState.LAUNCHING and w.worker_id in waiting
+        ]
+        staying = sum(1 for w in self._members() if w.state is WorkerState.MEMBER)
+        if self.elastic.max_np is not None and staying >= self.elastic.max_np:
+            return  # no room for them: they were launched for a slot that has been filled
+        if ready and now - min(w.waiting_since or now for w in ready) >= JOIN_WINDOW:
+            starting = sum(
+                1 for w in self._workers.values() if w.state is WorkerState.LAUNCHING
+            ) - len(ready)
+            self._reform(f"{len(ready)} worker(s) joined, {starting} still starting")
 
     def _declare_dead(self, worker: Worker, reason: str) -> None:
         worker.process.kill()

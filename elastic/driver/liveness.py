@@ -32,8 +32,10 @@ def judge(workers: Iterable[Worker], now: float, limits: Limits) -> list[tuple[W
     worker whose control stream closed without it saying it exits is STREAM_CLOSED after
     `max(heartbeat_interval, stop_grace)`: a crashing worker closes its stream first and takes
     a while to exit, and its exit code says more. A worker that has not joined an epoch within
-    the start timeout is NOT_JOINED. A worker that left the job (it is no member) but still
-    runs `stop_grace` after closing its stream is LINGERING. Exiting workers are left alone.
+    the start timeout is NOT_JOINED, unless it waits at the rendezvous (then the driver, not
+    the worker, is why no epoch includes it yet). A worker that left the job (it is no member)
+    but still runs `stop_grace` after closing its stream is LINGERING. A leaving worker that
+    is still `handing_over` its state is judged like a member. Exiting workers are left alone.
     """
     interval = limits.heartbeat_interval
     verdicts = []
@@ -41,7 +43,7 @@ def judge(workers: Iterable[Worker], now: float, limits: Limits) -> list[tuple[W
         if not worker.state.alive or worker.process is None:
             continue
         closed_for = now - worker.stream_closed_at if worker.stream_closed_at is not None else None
-        if worker.state is WorkerState.LEAVING:
+        if worker.state is WorkerState.LEAVING and not worker.handing_over:
             if closed_for is not None and closed_for > limits.stop_grace:
                 verdicts.append((worker, Verdict.LINGERING))
         elif worker.exiting:
@@ -50,6 +52,10 @@ def judge(workers: Iterable[Worker], now: float, limits: Limits) -> list[tuple[W
             verdicts.append((worker, Verdict.HUNG))
         elif closed_for is not None and closed_for > max(interval, limits.stop_grace):
             verdicts.append((worker, Verdict.STREAM_CLOSED))
-        elif not worker.joined and now - worker.launched_at > limits.start_timeout:
+        elif (
+            not worker.joined
+            and worker.waiting_since is None
+            and now - worker.launched_at > limits.start_timeout
+        ):
             verdicts.append((worker, Verdict.NOT_JOINED))
     return verdicts

@@ -7,11 +7,25 @@ from itertools import islice
 from elastic.driver.hosts import HostSpec
 
 
-def next_members(survivors: list[str], joiners: list[str], max_np: int | None) -> list[str]:
+def next_members(
+    survivors: list[str],
+    joiners: list[str],
+    max_np: int | None,
+    handing_over: frozenset[str] = frozenset(),
+) -> list[str]:
     """The next epoch's worker ids in rank order: surviving members keep their relative rank
-    order (oldest first), ready joiners are appended in launch order, capped at `max_np`."""
-    members = survivors + [j for j in joiners if j not in survivors]
-    return members if max_np is None else members[:max_np]
+    order (oldest first), ready joiners are appended in launch order, capped at `max_np`.
+
+    Survivors in `handing_over` (leaving, but the only holders of the newest commit) stay
+    members without counting against `max_np`: they leave once their state is passed on."""
+    members, staying = [], 0
+    for worker_id in survivors + [j for j in joiners if j not in survivors]:
+        if worker_id in handing_over:
+            members.append(worker_id)
+        elif max_np is None or staying < max_np:
+            members.append(worker_id)
+            staying += 1
+    return members
 
 
 def free_slots(

@@ -16,7 +16,7 @@ from elastic.driver.assignment import plan_slots
 from elastic.driver.changes import ChangeNotifier
 from elastic.protocol.http import SlotInfo
 
-WaitListener = Callable[[str, int], None]
+WaitListener = Callable[[str, int, int], None]
 JoinListener = Callable[[str, int], None]
 
 
@@ -33,8 +33,9 @@ class NotMember(Exception):
 class Rendezvous:
     """Holds the current epoch's members and answers joins. Runs on the driver's event loop.
 
-    `on_wait(worker_id, after_epoch)` is called when a worker starts waiting for an epoch
-    newer than `after_epoch`, so the driver can count who is ready to form the next one;
+    `on_wait(worker_id, after_epoch, commit)` is called when a worker starts waiting for an
+    epoch newer than `after_epoch`, its state holding `commit` commits, so the driver can
+    count who is ready to form the next one;
     `on_join(worker_id, epoch)` when a worker receives its slot.
     """
 
@@ -91,8 +92,11 @@ class Rendezvous:
         self._closed = True
         self._changes.notify()
 
-    async def join(self, worker_id: str, after_epoch: int, timeout: float) -> Joined | None:
-        """The worker's slot in the first epoch newer than `after_epoch` that includes it.
+    async def join(
+        self, worker_id: str, after_epoch: int, timeout: float, commit: int = 0
+    ) -> Joined | None:
+        """The worker's slot in the first epoch newer than `after_epoch` that includes it
+        (`commit`: how many commits the worker's state holds, for `on_wait`).
 
         Returns None if none formed within `timeout`; raises `NotMember` if the worker was
         excluded.
@@ -108,7 +112,7 @@ class Rendezvous:
         if not answered():
             self._waiting[worker_id] = after_epoch
             if self._on_wait is not None:
-                self._on_wait(worker_id, after_epoch)
+                self._on_wait(worker_id, after_epoch, commit)
             try:
                 if not await self._changes.wait_until(answered, timeout):
                     return None

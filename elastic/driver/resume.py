@@ -68,7 +68,10 @@ def default_log_root(job_id: str) -> str:
 
 
 # Worker fields saved as they are (state and the launcher's pid are converted).
-_SAVED = ("pid", "exit_code", "registered", "joined", "exiting", "log_dir", "offsets", "commit")
+_SAVED = (
+    "pid", "exit_code", "registered", "joined", "exiting", "log_dir", "offsets", "commit",
+    "handing_over",
+)  # fmt: skip
 
 
 def worker_record(worker: Worker) -> WorkerRecord:

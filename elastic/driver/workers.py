@@ -14,7 +14,8 @@ from elastic.driver.launch.base import WorkerProcess
 class WorkerState(enum.Enum):
     LAUNCHING = "launching"  # started, not yet a member of a formed epoch
     MEMBER = "member"  # in the current epoch
-    LEAVING = "leaving"  # asked to leave (SIGTERM, removed host): goes at its next commit
+    LEAVING = "leaving"  # asked to leave (SIGTERM, removed host): goes at its next commit,
+    # or, while `handing_over`, once another member holds its commit
     EXITED = "exited"  # ended with code 0
     FAILED = "failed"  # died, exited non-zero, or declared dead
     STOPPED = "stopped"  # stopped by the driver
@@ -44,7 +45,10 @@ class Worker:
     launcher_pid: int | None = None  # the local process: the worker, its keeper or ssh client
     log_dir: str | None = None  # a detached worker's output and exit status
     offsets: dict[str, int] = field(default_factory=dict)  # output shown so far, per stream
-    commit: int = 0  # the state commits it has made, as its last heartbeat said
+    commit: int = 0  # the state commits it has made, as its last heartbeat or join said
+    handing_over: bool = False  # LEAVING, but the only holder of the newest commit: a member
+    # until another member reports holding that commit
+    waiting_since: float | None = None  # when it first waited at the rendezvous to join
 
     @property
     def serial(self) -> str:

@@ -15,11 +15,15 @@ router = APIRouter(prefix="/v1/rendezvous", tags=["rendezvous"])
 async def join(body: JoinRequest, svc: ServicesDep) -> JoinResponse:
     """Long-poll up to `timeout` seconds for an epoch newer than `after_epoch` with the worker."""
     try:
-        joined = await svc.rendezvous.join(body.worker_id, body.after_epoch, body.timeout)
+        joined = await svc.rendezvous.join(
+            body.worker_id, body.after_epoch, body.timeout, body.commit
+        )
     except NotMember:
         return JoinResponse(status="not_member")
     if joined is None:
         return JoinResponse(status="pending")
     if svc.durable is not None:
         await svc.durable()
-    return JoinResponse(status="formed", epoch=joined.epoch, slot=joined.slot)
+    return JoinResponse(
+        status="formed", epoch=joined.epoch, slot=joined.slot, job_commit=svc.newest_commit()
+    )

@@ -18,3 +18,5 @@ class Services:
     status: Callable[[], JobStatus]
     durable: Callable[[], Awaitable[None]] | None = None
     """Waits until the state workers are about to be told is saved (durable backends)."""
+    newest_commit: Callable[[], int] = lambda: 0
+    """The newest commit count any worker of the job has reported."""

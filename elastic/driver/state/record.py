@@ -44,6 +44,7 @@ class WorkerRecord(BaseModel):
     log_dir: str | None = None  # where a detached worker's output and exit status go
     offsets: dict[str, int] = Field(default_factory=dict)  # output already shown, per stream
     commit: int = 0  # the state commits the worker had made at its last heartbeat
+    handing_over: bool = False  # leaving, but holds the newest commit: stays until passed on
 
 
 class CooldownRecord(BaseModel):
@@ -64,6 +65,7 @@ class JobState(BaseModel):
     resets: int = 0
     update_version: int = 0
     finishing: bool = False
+    newest_commit: int = 0  # the newest commit count any worker reported
 
 
 class JobResult(BaseModel):
