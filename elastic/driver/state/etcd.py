@@ -3,7 +3,10 @@
 The claim is the `lock` key, bound to a lease that this driver keeps alive: when the driver
 dies, its lease ends `LEASE_TTL` seconds later and the claim with it. Every save is a
 transaction that first checks the lock still names this driver, so a driver that lost its
-claim (a long pause, a partition) can never overwrite its successor's state.
+claim (a long pause, a partition) can never overwrite its successor's state. A driver whose
+lease ended while it lived (etcd frozen or unreachable for longer than the lease, this
+driver's own pause) takes the claim back when nobody else took it meanwhile; only a lock
+that names another driver means the job is lost.
 
 pyetcd is synchronous: calls run in the default thread pool, each retried (tenacity) within a
 bounded time.
@@ -48,6 +51,8 @@ class EtcdBackend(StateBackend):
         self._keepalive: asyncio.Task[None] | None = None
         self._on_lost: Callable[[], None] | None = None
         self._lost = False
+        self._expiring: dict[str, bytes] = {}  # documents bound to the lease, as last saved
+        self._reclaiming = asyncio.Lock()
 
     @property
     def where(self) -> str:
@@ -139,13 +144,58 @@ class EtcdBackend(StateBackend):
             await asyncio.sleep(KEEPALIVE_EVERY)
             try:
                 answers = await self._call(
-                    lambda c: list(c.refresh_lease(lease_id)), retry_for=KEEPALIVE_EVERY
+                    lambda c, lease_id=lease_id: list(c.refresh_lease(lease_id)),
+                    retry_for=KEEPALIVE_EVERY,
                 )
             except BackendError:
                 continue  # an outage: the saver reports it; etcd renews leases on restart
             if answers and answers[0].TTL <= 0:
+                try:
+                    if not await self._reclaim(lease_id):
+                        return
+                except BackendError:
+                    continue  # unreachable again: try again at the next refresh
+                lease_id = self._lease_id
+
+    async def _reclaim(self, expired_lease: int) -> bool:
+        """Lease `expired_lease` ended while this driver lived: take the claim back under a
+        new lease (re-binding the expiring documents) if the lock is free or still names
+        this driver; False, after `on_lost`, when another driver holds it. Raises
+        `BackendError` when etcd cannot be reached to tell."""
+        async with self._reclaiming:
+            if self._lost:
+                return False
+            if self._lease_id != expired_lease:
+                return True  # taken back already, by a concurrent caller
+            lease = await self._call(lambda c: c.lease(LEASE_TTL))
+            lock, mine, expiring = self._key("lock"), self._holder, dict(self._expiring)
+
+            def take_back(c: Any) -> bool:
+                t = c.transactions
+                puts = [t.put(lock, mine, lease=lease.id)] + [
+                    t.put(self._key(name), value, lease=lease.id)
+                    for name, value in expiring.items()
+                ]
+                for held in (t.create(lock) == 0, t.value(lock) == mine):
+                    taken, _ = c.transaction(compare=[held], success=puts, failure=[])
+                    if taken:
+                        return True
+                return False
+
+            taken = await self._call(take_back)
+            if not taken:
+                with contextlib.suppress(BackendError):
+                    await self._call(lambda c: c.revoke_lease(lease.id), retry_for=2.0)
                 self._claim_lost()
-                return
+                return False
+            self._lease_id = lease.id
+            log.warning(
+                "the claim on job %s had expired (etcd unreachable, or this driver paused, for "
+                "longer than its %d s lease); no other driver held it: taken back",
+                self._job_id,
+                LEASE_TTL,
+            )
+            return True
 
     def _claim_lost(self) -> None:
         if not self._lost:
@@ -162,8 +212,7 @@ class EtcdBackend(StateBackend):
     async def save(
         self, documents: dict[str, bytes], *, expiring: frozenset[str] = frozenset()
     ) -> None:
-        if self._lost:
-            raise ClaimLost(f"job {self._job_id} was claimed by another driver")
+        self._expiring.update({name: documents[name] for name in expiring})
         lock, mine = self._key("lock"), self._holder
 
         def write(c: Any) -> bool:
@@ -175,9 +224,15 @@ class EtcdBackend(StateBackend):
             saved, _ = c.transaction(compare=[t.value(lock) == mine], success=puts, failure=[])
             return saved
 
-        if not await self._call(write):
-            self._claim_lost()
+        if self._lost:
             raise ClaimLost(f"job {self._job_id} was claimed by another driver")
+        if await self._call(write):
+            return
+        # The lock no longer names this driver: its lease may have ended while it lived.
+        if await self._reclaim(self._lease_id) and await self._call(write):
+            return
+        self._claim_lost()
+        raise ClaimLost(f"job {self._job_id} was claimed by another driver")
 
     async def read(self, job_id: str) -> dict[str, bytes]:
         prefix = self._key("", job_id)
