@@ -71,6 +71,7 @@ from elastic.protocol.http import HostStatus, JobStatus, WorkerStatus
 log = logging.getLogger("elasticrun")
 
 PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
+SERIAL_GAP = 1000  # worker numbers a restarted driver skips (see `_restore`)
 JOIN_WINDOW = 3.0  # seconds ready joiners wait for those launched with them before a re-form
 
 
@@ -339,7 +340,9 @@ class Job:
         secret = JobSecret.model_validate_json(documents["secret"])
         self._token = secret.token  # TLS: `_tls_identity` reads the key file or makes a new one
         state = JobState.model_validate_json(documents["state"])
-        self._serial, self._resets = state.serial, state.resets
+        # The dead driver may have launched workers after its last save (etcd down): never
+        # give their numbers, hence their ids, to new workers.
+        self._serial, self._resets = state.serial + SERIAL_GAP, state.resets
         self._update_version = state.update_version
         self._newest_commit = state.newest_commit
         for record in state.workers:
@@ -639,6 +642,7 @@ class Job:
         """`worker` died. Static: end the job with its code. Elastic: cool its host down,
         break its epoch, re-form from the survivors."""
         was_member = worker.worker_id in self._rendezvous.members
+        was_leaving = worker.state is WorkerState.LEAVING
         worker.state = WorkerState.FAILED
         where = self._where(worker)
         if self.elastic is None:
@@ -649,10 +653,12 @@ class Job:
         if self._finishing:
             self._check_done()
             return
+        epoch = self._rendezvous.epoch
         if was_member:
-            epoch = self._rendezvous.epoch
             self._broadcast(EpochBroken(epoch, f"{where} {reason}"), self._alive())
             self._reform(f"{where} {reason}")
+        elif was_leaving:  # peers may still be in a collective of its last epoch with it
+            self._broadcast(EpochBroken(epoch - 1, f"{where} {reason}"), self._alive())
         if not self._alive():
             self._finish(worker.exit_code or 1, "every worker of the job failed")
         else:
@@ -886,6 +892,7 @@ class Job:
         if worker is None or self.elastic is None or self._finishing:
             return
         self._note_commit(worker, commit)
+        self._catch_up(after_epoch)
         if worker.state is WorkerState.LAUNCHING:
             if worker.waiting_since is None:
                 worker.waiting_since = self._clock()
@@ -897,6 +904,23 @@ class Job:
             # It saw its epoch fail before the driver saw a death: re-form after one
             # heartbeat interval unless the death shows up first and re-forms itself.
             self._spawn(self._reform_if_still_waiting(after_epoch))
+
+    def _catch_up(self, epoch: int) -> None:
+        """A worker is in `epoch`, newer than any this driver knows: an earlier driver formed
+        it and died before it could save it (etcd was down). Break that epoch and form a newer
+        one from the workers this driver knows; those it does not know are refused (NOT_FOUND)
+        when they call, and exit."""
+        if epoch <= self._rendezvous.epoch or self.elastic is None or self._finishing:
+            return
+        log.warning(
+            "a worker is in epoch %d, which the previous driver formed but never saved (this "
+            "driver resumed at epoch %d): re-forming",
+            epoch,
+            self._rendezvous.epoch,
+        )
+        self._rendezvous.advance_to(epoch)
+        self._broadcast(EpochBroken(epoch, "the driver restarted"), self._alive())
+        self._reform(f"epoch {epoch} was never saved")
 
     async def _reform_if_still_waiting(self, epoch: int) -> None:
         await asyncio.sleep(self.settings.heartbeat_interval)
@@ -923,6 +947,7 @@ class Job:
             return False
         worker.last_heartbeat = self._clock()
         self._note_commit(worker, commit)
+        self._catch_up(epoch)
         return True
 
     def leave(self, worker_id: str, reason: str) -> bool:

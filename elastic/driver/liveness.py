@@ -34,8 +34,10 @@ def judge(workers: Iterable[Worker], now: float, limits: Limits) -> list[tuple[W
     a while to exit, and its exit code says more. A worker that has not joined an epoch within
     the start timeout is NOT_JOINED, unless it waits at the rendezvous (then the driver, not
     the worker, is why no epoch includes it yet). A worker that left the job (it is no member)
-    but still runs `stop_grace` after closing its stream is LINGERING. A leaving worker that
-    is still `handing_over` its state is judged like a member. Exiting workers are left alone.
+    but still runs `stop_grace` after closing its stream is LINGERING, and HUNG when it misses
+    heartbeats before that (it may still be in a collective of an older epoch). A leaving
+    worker still `handing_over` its state is judged like a member. Exiting workers are left
+    alone.
     """
     interval = limits.heartbeat_interval
     verdicts = []
@@ -43,12 +45,15 @@ def judge(workers: Iterable[Worker], now: float, limits: Limits) -> list[tuple[W
         if not worker.state.alive or worker.process is None:
             continue
         closed_for = now - worker.stream_closed_at if worker.stream_closed_at is not None else None
+        hung = worker.registered and now - worker.last_heartbeat > MISSED_HEARTBEATS * interval
         if worker.state is WorkerState.LEAVING and not worker.handing_over:
             if closed_for is not None and closed_for > limits.stop_grace:
                 verdicts.append((worker, Verdict.LINGERING))
+            elif hung and closed_for is None:
+                verdicts.append((worker, Verdict.HUNG))  # its peers may be blocked on it
         elif worker.exiting:
             continue
-        elif worker.registered and now - worker.last_heartbeat > MISSED_HEARTBEATS * interval:
+        elif hung:
             verdicts.append((worker, Verdict.HUNG))
         elif closed_for is not None and closed_for > max(interval, limits.stop_grace):
             verdicts.append((worker, Verdict.STREAM_CLOSED))

@@ -82,6 +82,11 @@ class Rendezvous:
         self.form(members)
         self.epoch = epoch
 
+    def advance_to(self, epoch: int) -> None:
+        """Number the next epoch after `epoch`: an earlier driver of the job formed epochs up
+        to it that were never saved. The current members and slots stay as they are."""
+        self.epoch = max(self.epoch, epoch)
+
     def exclude(self, worker_id: str) -> None:
         """Tell `worker_id` at its next join that it is no longer part of the job."""
         self._excluded.add(worker_id)

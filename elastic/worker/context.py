@@ -72,6 +72,11 @@ def bury(group: Any) -> None:
     _graveyard.append(group)
 
 
+def has_abandoned_groups() -> bool:
+    """Whether a process group was abandoned (`bury`) in this process."""
+    return bool(_graveyard)
+
+
 def activate(ctx: WorkerContext | None) -> None:
     """Install `ctx` as the process-wide context (None clears it)."""
     global _current

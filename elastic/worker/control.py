@@ -7,10 +7,8 @@ stream and records what it announces in the process's `MembershipEvents`.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +19,7 @@ import grpc
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
 from elastic.protocol.env import AUTH_SCHEME
+from elastic.worker.exit import exit_now
 from elastic.worker.locator import DriverLocator
 from elastic.worker.membership import HostsUpdate, MembershipEvents
 from elastic.worker.retries import bounded_retries
@@ -78,12 +77,7 @@ def exit_evicted() -> None:
     the survivors re-form without it; a worker that lingered (in a blocked collective, in a
     `finally`, in atexit handlers joining threads) would be a member nobody waits for."""
     log.error("the driver declared this worker dead: exiting with status %d", EXIT_EVICTED)
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed stream must not stop the exit
-            stream.flush()
-    os._exit(EXIT_EVICTED)
+    exit_now(EXIT_EVICTED)
 
 
 def _code(err: BaseException) -> grpc.StatusCode | None:

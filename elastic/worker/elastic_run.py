@@ -8,9 +8,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from elastic.state.state import State
-from elastic.worker import runtime
+from elastic.worker import context, runtime
 from elastic.worker.client import NotMemberError
 from elastic.worker.errors import HostsUpdatedInterrupt, WorkerLostError
+from elastic.worker.exit import exit_now
 
 log = logging.getLogger("elastic")
 
@@ -26,8 +27,9 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
     When the membership changes (`HostsUpdatedInterrupt`, raised by `state.commit()` on every
     rank at the same step), it re-joins without restoring. A worker the driver excluded (it
     received SIGTERM, or its host left the discovery output) ends with `SystemExit(0)` at that
-    point. Any other exception propagates: the worker exits non-zero and the job re-forms
-    without it.
+    point (at once, with `os._exit(0)`, when it abandoned a process group whose collective
+    may still be blocked: its teardown would abort the process). Any other exception
+    propagates: the worker exits non-zero and the job re-forms without it.
     """
 
     @functools.wraps(func)
@@ -48,6 +50,8 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
                 runtime.rejoin()
             except NotMemberError:
                 log.info("this worker leaves the job")
+                if context.has_abandoned_groups():
+                    exit_now(0)  # an abandoned group's blocked collective would abort the exit
                 raise SystemExit(0) from None
             state.on_reset()
 

@@ -93,7 +93,8 @@ class AdoptedProcess(_GroupSignals):
     """A keeper started by an earlier driver of the job; its end is seen through a pidfd.
 
     `wait()` returns at once when the keeper is already gone (its recorded exit code, or
-    `UNKNOWN_EXIT` when none was recorded: it was SIGKILLed with its worker).
+    `UNKNOWN_EXIT` when none was recorded: it was SIGKILLed with its worker). It may be
+    called again after a cancelled call.
     """
 
     def __init__(self, pid: int | None, log_dir: str | None) -> None:
@@ -114,10 +115,10 @@ class AdoptedProcess(_GroupSignals):
             loop.add_reader(self._pidfd, lambda: ended.done() or ended.set_result(None))
             try:
                 await ended
-            finally:
+            finally:  # a cancelled wait leaves the pidfd for the next one
                 loop.remove_reader(self._pidfd)
-                os.close(self._pidfd)
-                self._pidfd = None
+            os.close(self._pidfd)
+            self._pidfd = None
             # The keeper writes the code just before it exits.
             assert self.log_dir is not None
             recorded = exit_code_in(self.log_dir)
