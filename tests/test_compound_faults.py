@@ -126,7 +126,30 @@ def test_a_fresh_start_after_every_holder_died_is_said_in_one_line(
 # --- 2. SIGTERM while the job re-forms ------------------------------------------------------
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.05, 0.3])
+def test_sigterm_while_waiting_for_the_next_epoch_lets_the_worker_leave(
+    elasticrun, tmp_path: Path
+) -> None:
+    """The survivor waits at the rendezvous (one worker, --min-np 2): no epoch, no context."""
+    job = elasticrun(
+        ["-np", "2", "--min-np", "2", "-H", "localhost:2", "--elastic-timeout", "15",
+         "--blacklist-cooldown-range", "300", "300", *job_args(tmp_path, epochs=3)]
+    )  # fmt: skip
+    pids = ranks_to_pids(job, 2)
+    job.wait_for(r"step 6 ")
+    os.kill(pids[0], signal.SIGKILL)
+    job.wait_for(r"rank 1: a collective of epoch 1 failed: .*; restoring the last commit", 30)
+    time.sleep(0.5)  # past the restore: the survivor now waits to join the next epoch
+    os.kill(pids[1], signal.SIGTERM)
+    job.wait_for(r"takes the only copy of the job's state \(commit \d+\) with it", 30)
+    assert job.finish(60) == 1, job.output
+    assert "fewer than --min-np 2 workers for 15 s (--elastic-timeout)" in job.output
+    assert "NotInitializedError" not in job.output
+    assert "rank 1 on host localhost exited" not in job.output
+    assert "left with exit code" not in job.output
+    assert not pids_alive([pids[1]])
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05])
 def test_sigterm_during_a_re_form_lets_the_worker_leave(
     elasticrun, tmp_path: Path, delay: float
 ) -> None:
