@@ -298,8 +298,11 @@ def test_join_returns_the_slot_and_epoch_or_pending() -> None:
     async def check(client: httpx.AsyncClient) -> None:
         answer = await client.post("/v1/rendezvous/join", json={"worker_id": "w1"}, headers=AUTH)
         assert answer.json() == {
-        "status": "formed", "epoch": 1, "slot": SLOT.model_dump(), "job_commit": 0
-    }
+            "status": "formed",
+            "epoch": 1,
+            "slot": SLOT.model_dump(),
+            "job_commit": 0,
+        }
         answer = await client.post(
             "/v1/rendezvous/join",
             json={"worker_id": "w1", "after_epoch": 1, "timeout": 0.05},
