@@ -81,6 +81,27 @@ def test_removing_the_host_of_the_only_worker_hands_its_state_to_the_replacement
     assert_exactly_once(tmp_path, epochs=4)
 
 
+def test_a_holder_that_dies_while_handing_over_is_not_waited_for(
+    elasticrun, tmp_path: Path
+) -> None:
+    hosts = tmp_path / "hosts"
+    write_hosts(hosts, "localhost:1\n")
+    job = elasticrun(
+        ["--min-np", "1", "--heartbeat-interval", "0.2", *discovery_args(),
+         *job_args(tmp_path, epochs=3)],
+        env={"ELASTIC_HOSTS_FILE": str(hosts)},
+    )  # fmt: skip
+    holder = ranks_to_pids(job, 1)[0]
+    job.wait_for(r"step \d+ epoch 1 ", timeout=60)
+    write_hosts(hosts, "127.0.0.1:1\n")
+    job.wait_for(r"leaves the job \(host localhost was removed by discovery\) once another", 30)
+    os.kill(holder, signal.SIGKILL)  # before the replacement could take its state
+    job.wait_for(r"training state lost: no worker of the job holds its newest commit", 60)
+    assert job.finish(120) == 0, job.output
+    assert re.search(r"epoch \d+: 1 worker\(s\) on 127\.0\.0\.1:1", job.output), job.output
+    assert_exactly_once(tmp_path, epochs=3)
+
+
 def test_sigterm_to_the_only_worker_hands_its_state_over_before_it_exits(
     elasticrun, tmp_path: Path
 ) -> None:

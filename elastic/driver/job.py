@@ -644,6 +644,7 @@ class Job:
         was_member = worker.worker_id in self._rendezvous.members
         was_leaving = worker.state is WorkerState.LEAVING
         worker.state = WorkerState.FAILED
+        worker.handing_over = False  # dead: its state goes with it
         where = self._where(worker)
         if self.elastic is None:
             self._finish(worker.exit_code or 1, f"{where} {reason}; stopping the other workers")
@@ -685,7 +686,9 @@ class Job:
         if self._finishing:
             return
         previous = self._rendezvous.members
-        handing_over = frozenset(w for w in previous if self._workers[w].handing_over)
+        handing_over = frozenset(
+            w for w in previous if self._workers[w].handing_over and self._workers[w].state.alive
+        )
         survivors = [
             w for w in previous if self._workers[w].state is WorkerState.MEMBER or w in handing_over
         ]
