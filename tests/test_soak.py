@@ -25,8 +25,10 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,7 @@ import pytest
 from tests.etcd_server import EtcdServer
 from tests.soak import (
     EXPLAINED_RESET,
+    SOAK_JOB,
     Soak,
     SoakConfig,
     StepLine,
@@ -165,3 +168,30 @@ def test_fault_soak(etcd: EtcdServer, tmp_path: Path, capsys: pytest.CaptureFixt
 @pytest.mark.timeout(1800)
 def test_fault_soak_full(etcd: EtcdServer, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run_soak(tmp_path, etcd, soak_config(120), capsys)
+
+
+@pytest.mark.timeout(120)
+def test_the_soak_job_stops_only_between_epochs(elasticrun, tmp_path: Path) -> None:
+    """The soak writes its stop file right after its last fault, so the job often sees it
+    when `hvd.elastic.run` calls the training function again in the middle of an epoch
+    (after a leave here; a restore does the same). Stopping there would report N epochs with
+    part of epoch N trained too (seed 823410: 26 epochs, 24 of 48 samples counted 27 times):
+    the job finishes the epoch it is in and stops at the start of the next one."""
+    stop = tmp_path / "stop"
+    side = tmp_path / "side"
+    side.mkdir()
+    job = elasticrun(
+        ["-np", "2", "--min-np", "1", "-H", "localhost:2",
+         sys.executable, str(SOAK_JOB), "--out", str(tmp_path), "--side-dir", str(side),
+         "--stop-file", str(stop), "--min-epochs", "2", "--samples", "960"],
+    )  # fmt: skip
+    # epoch 2 at size 2 is 120 steps (4 s); rank 1 leaves at the next commit, 2 steps on
+    leaver = int(job.wait_for(r"step \d+ epoch 2 size 2 rank 1 pid (\d+)", 90).group(1))
+    stop.touch()
+    os.kill(leaver, signal.SIGTERM)
+    assert job.finish(90) == 0, job.output
+    assert "rank 1 on host localhost leaves the job" in job.output, job.output
+    result = json.loads((tmp_path / "result.json").read_text())
+    counts = {c: result["counts"].count(c) for c in set(result["counts"])}
+    assert (result["epochs"], counts) == (3, {3.0: 960}), "every sample once in each epoch"
+    assert re.search(r"step \d+ epoch 2 size 1 rank 0", job.output), "epoch 2 ends at size 1"

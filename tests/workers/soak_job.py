@@ -3,8 +3,9 @@
 Like `elastic_job.py`, the ranks count with an allreduce how often each sample was trained
 on, in a buffer of the model that TorchState commits, restores and syncs; at the end every
 count must equal the number of epochs trained. The number of epochs is not fixed: at the
-start of every epoch from `--min-epochs` on, the ranks agree (an allreduce of "does
-`--stop-file` exist") whether to stop, so the test can keep the job training for as long as
+start of every epoch from `--min-epochs` on (never in the middle of one, where the training
+function resumes after a reset), the ranks agree (an allreduce of "does `--stop-file`
+exist") whether to stop, so the test can keep the job training for as long as
 its faults take and then end it cleanly. The epoch count is part of the state, so it rolls
 back and forward with the counts.
 
@@ -71,7 +72,11 @@ def main() -> None:
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         while state.epoch < args.max_epochs:
-            if state.epoch >= args.min_epochs and stop_requested():
+            # Only between epochs: after a reset, `hvd.elastic.run` calls `train` again in the
+            # middle of an epoch; stopping there would leave that epoch partly trained. Every
+            # rank sees the same processed indices here (synced or merged by the reset).
+            between = not state.sampler.processed_indices
+            if between and state.epoch >= args.min_epochs and stop_requested():
                 return
             mine = list(state.sampler)
             shard = math.ceil(len(state.sampler.remaining_indices) / hvd.size())
