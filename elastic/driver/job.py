@@ -834,8 +834,11 @@ class Job:
                 continue
             if self._handed_over(worker):
                 self._let_go(worker, f"another worker holds its state now (commit {worker.commit})")
-            elif not self._scale() and not any(
-                w.state in (WorkerState.LAUNCHING, WorkerState.MEMBER) for w in self._alive()
+            elif (
+                not any(
+                    w.state in (WorkerState.LAUNCHING, WorkerState.MEMBER) for w in self._alive()
+                )
+                and not self._scale()
             ):
                 log.warning(
                     "%s takes the only copy of the job's state (commit %d) with it: no other "
