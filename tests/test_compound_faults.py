@@ -144,6 +144,38 @@ def test_a_fresh_start_after_every_holder_died_is_said_in_one_line(
     assert_exactly_once(tmp_path, epochs=3)
 
 
+def test_losing_every_worker_at_once_starts_new_ones_and_says_the_state_is_lost(
+    elasticrun, tmp_path: Path
+) -> None:
+    """Both workers SIGKILLed together (a whole fleet reclaimed): the job is not over while
+    hosts are offered. New workers start once the cooldown ends, from the initial state, and
+    the driver and rank 0 each say in one line that the state was lost."""
+    job = elasticrun(
+        ["-np", "2", "--min-np", "1", "-H", "localhost:2", "--heartbeat-interval", "0.2",
+         "--blacklist-cooldown-range", "1", "1", *job_args(tmp_path, epochs=3)]
+    )  # fmt: skip
+    pids = ranks_to_pids(job, 2)
+    job.wait_for(r"step 12 ", timeout=60)  # commits every 2 steps, heartbeats tell the driver
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
+    job.wait_for(r"every worker of the job failed: its training state \(commit \d+\) is lost")
+    job.wait_for(r"training state lost: no worker of the job holds its newest commit", 60)
+    assert job.finish(120) == 0, job.output
+    assert_exactly_once(tmp_path, epochs=3)
+
+
+def test_a_script_that_fails_before_its_first_commit_everywhere_ends_the_job(
+    elasticrun, tmp_path: Path
+) -> None:
+    job = elasticrun(
+        ["-np", "2", "--min-np", "1", "-H", "localhost:2", "--blacklist-cooldown-range", "0.5",
+         "0.5", *job_args(tmp_path, "--fail-at-step", "0")]
+    )  # fmt: skip
+    assert job.finish(90) == 1, job.output
+    assert "every worker of the job failed, with no commit since the job started" in job.output
+    assert "launched" not in job.output, "no new workers for a script that cannot commit"
+
+
 # --- 2. SIGTERM while the job re-forms ------------------------------------------------------
 
 
@@ -218,6 +250,38 @@ def test_a_stopped_joiner_is_killed_even_across_a_driver_restart(
     go.touch()
     assert restarted.finish(120) == 0, restarted.output
     assert not pids_alive([joiner]), "the stopped joiner must be killed"
+    assert etcd.process is not None
+    left = set(processes_naming(str(tmp_path))) - {etcd.process.pid}
+    assert not left, "no worker or keeper outlives the job"
+    assert_exactly_once(tmp_path)
+
+
+def test_a_worker_launched_after_the_last_save_is_killed_by_the_restarted_driver(
+    elasticrun, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """etcd down, so the driver cannot save that it launched a joiner; the joiner is
+    stopped and the driver SIGKILLed. No record names the joiner: the restarted driver finds
+    its keeper under the job's log folder and kills it, or it would outlive the job."""
+    hosts = tmp_path / "hosts"
+    write_hosts(hosts, "localhost:1\n")
+    args = durable_args(
+        etcd, "unsaved-joiner", "--min-np", "1", *discovery_args(), *job_args(tmp_path)
+    )
+    env = {"ELASTIC_HOSTS_FILE": str(hosts), "TMPDIR": str(tmp_path)}
+    job = elasticrun(args, env=env)
+    job.wait_for(r"step 4 ")
+    etcd.stop()  # killed, so no request already sent can still be applied later
+    try:
+        write_hosts(hosts, "localhost:1\n127.0.0.1:1\n")
+        joiner = worker_pid(job, "127.0.0.1")
+        os.kill(joiner, signal.SIGSTOP)
+        kill_driver(job)
+    finally:
+        etcd.start()
+    restarted = elasticrun(args, env=env)
+    restarted.wait_for(r"stopping worker\.\d+ \(keeper pid \d+\): the earlier driver", 60)
+    assert restarted.finish(120) == 0, restarted.output
+    assert not pids_alive([joiner]), "the unsaved joiner must be killed"
     assert etcd.process is not None
     left = set(processes_naming(str(tmp_path))) - {etcd.process.pid}
     assert not left, "no worker or keeper outlives the job"

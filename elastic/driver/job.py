@@ -33,7 +33,12 @@ from elastic.driver.errors import LaunchError, UsageError
 from elastic.driver.host_access import HostAccess
 from elastic.driver.hosts import HostSpec, parse_host_list
 from elastic.driver.launch.base import WorkerSpec
-from elastic.driver.launch.detached import AdoptedProcess, prepare_log_dir
+from elastic.driver.launch.detached import (
+    AdoptedProcess,
+    keepers_under,
+    kill_keeper,
+    prepare_log_dir,
+)
 from elastic.driver.liveness import Limits, Verdict, judge
 from elastic.driver.output import OutputSink, follow, pump
 from elastic.driver.planning import free_slots, next_members
@@ -123,6 +128,7 @@ class Job:
         self._last_progress = 0.0
         self._update_version = 0
         self._newest_commit = 0  # the newest commit count any worker reported
+        self._commit_at_fleet_loss: int | None = None  # newest commit when all last died
         self._tasks: set[asyncio.Task[None]] = set()
         self._pumps: list[asyncio.Task[None]] = []
         self._result: asyncio.Future[int] | None = None
@@ -381,6 +387,21 @@ class Job:
             self._spawn(self._await_exit(worker))
             if stopping:
                 self._stop(worker)
+        self._stop_strays()
+
+    def _stop_strays(self) -> None:
+        """Kill the local workers an earlier driver launched after its last save: no record
+        names them, so nothing would ever stop one (a stopped one would never even exit)."""
+        adopted = {w.log_dir for w in self._workers.values() if w.process is not None}
+        for pid, folder in keepers_under(self._log_root).items():
+            if folder not in adopted:
+                log.warning(
+                    "stopping %s (keeper pid %d): the earlier driver launched it after its "
+                    "last save",
+                    os.path.basename(folder),
+                    pid,
+                )
+                kill_keeper(pid)
 
     async def _record_result(self) -> None:
         """Save how the job ended (not when this driver merely lost it)."""
@@ -661,10 +682,33 @@ class Job:
         elif was_leaving:  # peers may still be in a collective of its last epoch with it
             self._broadcast(EpochBroken(epoch - 1, f"{where} {reason}"), self._alive())
         if not self._alive():
-            self._finish(worker.exit_code or 1, "every worker of the job failed")
+            self._fleet_lost(worker)
         else:
             self._scale()  # refill the slot at once if its host is not in cooldown
             self._check_handovers()
+
+    def _fleet_lost(self, last: Worker) -> None:
+        """Every worker is dead. If they committed since the job started (or since the fleet
+        was last lost), start again on the offered hosts within --elastic-timeout, saying that
+        the state is lost; otherwise (a script that fails before its first commit) end."""
+        assert self.elastic is not None
+        commit = self._newest_commit
+        if commit == 0 or commit == self._commit_at_fleet_loss:
+            since = "since the last such loss" if commit else "since the job started"
+            self._finish(
+                last.exit_code or 1, f"every worker of the job failed, with no commit {since}"
+            )
+            return
+        self._commit_at_fleet_loss = commit
+        log.warning(
+            "every worker of the job failed: its training state (commit %d) is lost with "
+            "them; starting new workers on the offered hosts (up to %g s, --elastic-timeout)",
+            commit,
+            self.elastic.elastic_timeout,
+        )
+        if self._short_since is None:
+            self._short_since = self._clock()
+        self._scale()
 
     def _host_failed(self, hostname: str, reason: str) -> None:
         update = self._tracker.host_failed(hostname, self._clock())

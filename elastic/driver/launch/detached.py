@@ -127,6 +127,37 @@ class AdoptedProcess(_GroupSignals):
         return self._code
 
 
+def keepers_under(log_root: str) -> dict[int, str]:
+    """The live keepers of this user whose folder is `log_root/worker.<n>`: pid -> folder.
+
+    A driver that dies between launching a worker and saving the job leaves a keeper that no
+    saved record names; its restarted successor finds it here."""
+    found = {}
+    prefix = os.path.join(log_root, "worker.")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != os.getuid():
+                continue
+            arguments = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"elastic.driver.launch.keeper" not in arguments:
+            continue
+        at = arguments.index(b"elastic.driver.launch.keeper")
+        folder = os.fsdecode(arguments[at + 1]) if at + 1 < len(arguments) else ""
+        if folder.startswith(prefix) and "/" not in folder[len(prefix) :]:
+            found[int(entry.name)] = folder
+    return found
+
+
+def kill_keeper(pid: int) -> None:
+    """SIGKILL a keeper's whole process group: the keeper and its worker, stopped or not."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
 def _runs_keeper_of(pid: int, log_dir: str) -> bool:
     """Whether `pid` is still the keeper of `log_dir` (not a reused pid)."""
     try:
