@@ -72,6 +72,7 @@ from elastic.driver.workers import Worker, WorkerState, stop_workers
 from elastic.protocol import env as worker_env
 from elastic.protocol.etcd import DriverAddress, certificate_mac
 from elastic.protocol.http import HostStatus, JobStatus, WorkerStatus
+from elastic.protocol.leave import EXIT_REASONS, FINISHED
 
 log = logging.getLogger("elasticrun")
 
@@ -363,8 +364,7 @@ class Job:
         if state.discovered:
             self._tracker.discovered(parse_host_list(",".join(state.discovered)), self._clock())
         if state.finishing:
-            self._finishing = True
-            self._rendezvous.close()
+            self._begin_finishing()
         log.info(
             "resuming job %s at epoch %d: %d worker(s) to re-adopt",
             self.job_id,
@@ -639,13 +639,21 @@ class Job:
         its epoch are told to leave at their next join, and the job ends once they exit."""
         was_member = worker.worker_id in self._rendezvous.members
         worker.state = WorkerState.EXITED
-        if was_member and not self._finishing:
-            self._finishing = True
-            self._rendezvous.close()
-            for other in self._workers.values():
-                if other.state is WorkerState.LAUNCHING:
-                    self._stop(other)
+        if was_member:
+            self._begin_finishing()
         self._check_done()
+
+    def _begin_finishing(self) -> None:
+        """Training is over (a member finished): no new round, no new worker; joiners are
+        stopped, members re-joining are told to leave, the others end their part and exit."""
+        if self._finishing:
+            return
+        self._finishing = True
+        self._rendezvous.close()
+        self._save_soon()
+        for other in self._workers.values():
+            if other.state is WorkerState.LAUNCHING:
+                self._stop(other)
 
     def _check_done(self) -> None:
         members = self._members()
@@ -1004,8 +1012,10 @@ class Job:
         worker = self._workers.get(worker_id)
         if worker is None or not worker.state.alive:
             return False
-        if reason == "exit":
-            worker.exiting = True
+        if reason in EXIT_REASONS:
+            worker.exiting = True  # judged by its exit code from now on, not by heartbeats
+            if reason == FINISHED and worker.state is WorkerState.MEMBER:
+                self._begin_finishing()
         else:
             self._request_leave(worker, reason)
         return True

@@ -19,6 +19,7 @@ import grpc
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
 from elastic.protocol.env import AUTH_SCHEME
+from elastic.protocol.leave import EXITING, FINISHED
 from elastic.worker.exit import exit_now
 from elastic.worker.locator import DriverLocator
 from elastic.worker.membership import HostsUpdate, MembershipEvents
@@ -59,6 +60,7 @@ _CHANNEL_OPTIONS = [
 ]
 
 CALL_TIMEOUT = 5.0  # seconds one Register or Leave attempt may take
+EXIT_NOTICE_FOR = 2.0  # seconds an exiting worker spends telling the driver, at most
 STREAM_BACKOFF_MAX = 2.0  # seconds between attempts to reopen the event stream, at most
 
 
@@ -226,6 +228,23 @@ class ControlClient:
         and `ControlError` on any other refusal or when the driver stays unreachable."""
         self._call("Leave", pb.LeaveRequest(worker_id=self.worker_id, reason=reason))
 
+    def say_exiting(self, finished: bool) -> None:
+        """Tell the driver this process is exiting (`finished`: its script returned), so it
+        is judged by its exit code and not by heartbeats while it exits. Tries for at most
+        `EXIT_NOTICE_FOR` seconds and never raises: nothing may hold up an exit. Does
+        nothing once the client is closed."""
+        if self._stop.is_set():
+            return
+        reason = FINISHED if finished else EXITING
+        try:
+            self._call(
+                "Leave",
+                pb.LeaveRequest(worker_id=self.worker_id, reason=reason),
+                retry_for=EXIT_NOTICE_FOR,
+            )
+        except ControlError as err:  # the driver may be gone, or already counts this out
+            log.debug("could not tell the driver this worker exits: %s", err)
+
     def close(self) -> None:
         """Stop both threads and close the channel: returns within about a second whatever
         state the driver is in. Idempotent; also runs at interpreter exit."""
@@ -262,21 +281,24 @@ class ControlClient:
         old.close()
         return True
 
-    def _call(self, method_name: str, request: Any) -> Answer:
-        """One unary call with tenacity retries of transient failures for `retry_for` s."""
-        retrying = bounded_retries(self._retry_for, _retryable, moved=self._relocate)
+    def _call(self, method_name: str, request: Any, retry_for: float | None = None) -> Answer:
+        """One unary call with tenacity retries of transient failures for `retry_for` s
+        (default: the client's)."""
+        budget = self._retry_for if retry_for is None else retry_for
+        retrying = bounded_retries(budget, _retryable, moved=self._relocate)
         try:
             for attempt in retrying:
                 with attempt:
                     method = getattr(self._stub, method_name)
-                    return method(request, timeout=CALL_TIMEOUT, metadata=self._metadata)
+                    timeout = min(CALL_TIMEOUT, max(budget, 0.5))
+                    return method(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as err:
             code, details = _code(err), err.details()  # type: ignore[attr-defined]
             if code == grpc.StatusCode.NOT_FOUND:
                 raise WorkerEvicted(f"the driver declared worker {self.worker_id} dead") from err
             if code in _RETRYABLE:
                 raise ControlError(
-                    f"driver at {self.address} unreachable for {self._retry_for:g} s: {details}"
+                    f"driver at {self.address} unreachable for {budget:g} s: {details}"
                 ) from err
             raise ControlError(f"driver at {self.address} refused: {code}: {details}") from err
         except ValueError as err:  # grpc's "Cannot invoke RPC on closed channel!"

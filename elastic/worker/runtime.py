@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from datetime import timedelta
 from typing import Any
@@ -62,6 +63,7 @@ def init() -> None:
         locator=locator,
     )
     control.start()
+    _say_exiting_first(control)
     if config.elastic:
         _leave_on_sigterm(events, control)
         _warm_up()
@@ -75,6 +77,19 @@ def init() -> None:
         control.close()
         client.close()
         raise
+
+
+def _say_exiting_first(control: ControlClient) -> None:
+    """At interpreter exit, tell the driver first, before anything slow: the hook runs before
+    non-daemon threads are joined and before every `atexit` handler (the user's, those that
+    flush or join). A script that returned has finished; one that ended on an uncaught
+    exception is exiting with an error."""
+
+    def say() -> None:
+        failed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        control.say_exiting(finished=failed is None)
+
+    threading._register_atexit(say)  # type: ignore[attr-defined]  # private, since 3.9
 
 
 def leave_on_sigterm() -> None:
@@ -186,11 +201,9 @@ def shutdown() -> None:
 
 
 def _close(control: ControlClient, client: DriverClient) -> None:
-    """Tell the driver this worker exits (its stream closing is no death), then disconnect."""
-    try:
-        control.leave("exit")
-    except Exception as err:  # the driver may be gone already: nothing to tell it then
-        log.debug("could not tell the driver this worker exits: %s", err)
+    """Tell the driver this worker exits (its stream closing is no death), then disconnect.
+    Called while an exception propagates, the exit is not a finish."""
+    control.say_exiting(finished=sys.exc_info()[0] is None)
     control.close()
     client.close()
 

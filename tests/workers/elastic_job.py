@@ -6,12 +6,14 @@ of the model: TorchState commits, restores and syncs it with everything else. Af
 job shrank, grew or rolled back meanwhile. Rank 0 writes `result.json` into `--out`.
 
 Prints `worker pid=P` at start, `joined rank=R size=N pid=P` after `hvd.init()`,
-`step S epoch E size N rank R` per step and `done size N rank R` at the end.
+`step S epoch E size N rank R` per step and `done size N rank R` at the end, then calls
+`hvd.shutdown()` (unless `--no-shutdown`); `--exit-delay S` makes its interpreter's exit slow.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
@@ -52,9 +54,13 @@ def main() -> None:
     parser.add_argument("--fail-once-file", help="...once per job: the first to create this file")
     parser.add_argument("--hold-at-step", type=int, default=-1, help="wait at this step...")
     parser.add_argument("--hold-file", help="...until this file exists (a test's go-ahead)")
+    parser.add_argument("--exit-delay", type=float, default=0.0, help="a slow atexit handler")
+    parser.add_argument("--no-shutdown", action="store_true", help="never call hvd.shutdown()")
     args = parser.parse_args()
 
     print(f"worker pid={os.getpid()}", flush=True)
+    if args.exit_delay:  # registered before init, as by a library imported earlier
+        atexit.register(time.sleep, args.exit_delay)
     hvd.init()
     print(f"joined rank={hvd.rank()} size={hvd.size()} pid={os.getpid()}", flush=True)
     torch.manual_seed(0)
@@ -109,7 +115,8 @@ def main() -> None:
         result = {"counts": model.counts.tolist(), "epochs": args.epochs, "size": hvd.size()}
         Path(args.out, "result.json").write_text(json.dumps(result))
     print(f"done size {hvd.size()} rank {hvd.rank()}", flush=True)
-    hvd.shutdown()
+    if not args.no_shutdown:
+        hvd.shutdown()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,10 @@
+"""The reasons a worker gives in a Leave call that are not a request to leave the job."""
+
+EXITING = "exit"
+"""The process exits after an error: its exit code says how it ended."""
+
+FINISHED = "finished"
+"""The user's script returned (or called `hvd.shutdown()`): this worker's part is done."""
+
+EXIT_REASONS = frozenset({EXITING, FINISHED})
+"""Either: the worker is exiting, so it is judged by its exit code, never by heartbeats."""
