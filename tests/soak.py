@@ -23,8 +23,10 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -330,6 +332,21 @@ class Soak:
 
     def _anomaly(self, what: str, since: float) -> None:
         self.anomalies.append({"what": what, "since": since, "until": time.time()})
+        self._dump_stacks(f"{len(self.anomalies)}: {what}")
+
+    def _dump_stacks(self, why: str) -> None:
+        """Where every live process of the job is, into `stacks.txt` (needs `py-spy`, which
+        the soak does not install: a diagnosis aid for whoever reproduces a seed)."""
+        spy = shutil.which("py-spy")
+        if spy is None:
+            return
+        with open(self.folder / "stacks.txt", "a") as out:
+            out.write(f"=== anomaly {why}\n")
+            for pid, (role, state, _) in sorted(job_processes(str(self.folder)).items()):
+                dump = subprocess.run(
+                    [spy, "dump", "--locals", "--pid", str(pid)], capture_output=True, text=True, timeout=30
+                )
+                out.write(f"--- pid {pid} {role} state {state}\n{dump.stdout}{dump.stderr}\n")
 
     def _event(self, what: str) -> None:
         self.events.append(Event(time.time(), what))

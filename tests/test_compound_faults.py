@@ -366,6 +366,34 @@ def test_the_driver_takes_its_claim_back_after_an_etcd_freeze(
     assert_exactly_once(tmp_path)
 
 
+# --- 6b. a death the restarted driver sees before the survivors find it --------------------
+
+
+def test_a_worker_that_dies_while_the_driver_is_down_breaks_its_epoch_for_every_survivor(
+    elasticrun, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """The restarted driver sees the death at once (its keeper's exit file) and tells the
+    survivors that their epoch is broken before they have found it: a survivor blocked in a
+    collective with a live peer that gave up learns it only from that message, so the
+    message must wait for its stream to open (seed 8 of the soak stalled here)."""
+    args = durable_args(
+        etcd, "death-while-down", "-np", "4", "--min-np", "1", "-H", "localhost:4",
+        "--heartbeat-interval", "0.5", *job_args(tmp_path, "--step-delay", "0.01", epochs=4),
+    )  # fmt: skip
+    env = {"TMPDIR": str(tmp_path)}
+    job = elasticrun(args, env=env)
+    pids = ranks_to_pids(job, 4)
+    job.wait_for(r"step 10 ")
+    kill_driver(job)
+    os.kill(pids[1], signal.SIGKILL)
+    time.sleep(1.0)
+    restarted = elasticrun(args, env=env)
+    restarted.wait_for(r"epoch \d+: 3 worker\(s\)", timeout=30)
+    restarted.wait_for(r"step \d+ epoch \d+ size 3", timeout=20)
+    assert restarted.finish(120) == 0, restarted.output
+    assert_exactly_once(tmp_path, epochs=4)
+
+
 # --- 7. bad input that reaches the driver or a worker ---------------------------------------
 
 

@@ -78,8 +78,9 @@ def run_soak(
     (tmp_path / "soak-failures.json").write_text(json.dumps(failures, indent=1))
     if report := os.environ.get("ELASTIC_SOAK_REPORT_DIR"):  # keep the evidence elsewhere too
         Path(report).mkdir(parents=True, exist_ok=True)
-        for name in ("soak-recovery.json", "soak-record.json", "soak-failures.json"):
-            shutil.copy(tmp_path / name, Path(report, f"{config.seed}-{name}"))
+        for name in ("soak-recovery.json", "soak-record.json", "soak-failures.json", "stacks.txt"):
+            if (tmp_path / name).exists():
+                shutil.copy(tmp_path / name, Path(report, f"{config.seed}-{name}"))
         with open(Path(report, f"{config.seed}-launcher.log"), "w") as log:
             start = soak.faults[0].at if soak.faults else 0.0
             for t, stream, line in soak.launcher_lines():

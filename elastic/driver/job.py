@@ -79,6 +79,7 @@ log = logging.getLogger("elasticrun")
 PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
 SERIAL_GAP = 1000  # worker numbers a restarted driver skips (see `_restore`)
 JOIN_WINDOW = 3.0  # seconds ready joiners wait for those launched with them before a re-form
+MAX_UNDELIVERED = 16  # events kept for a worker whose stream is closed (the newest)
 
 
 def describe_exit(worker: Worker) -> str:
@@ -119,6 +120,7 @@ class Job:
         self._rendezvous = Rendezvous(on_wait=self._on_wait, on_join=self._on_join)
         self._workers: dict[str, Worker] = {}
         self._queues: dict[str, asyncio.Queue[ControlEvent]] = {}
+        self._undelivered: dict[str, list[ControlEvent]] = {}  # for workers with no stream
         self._saver: StateSaver | None = None
         self._tls: TlsIdentity | None = None
         self._abandoned = False  # another driver took the job: leave the workers running
@@ -605,6 +607,7 @@ class Job:
     async def _await_exit(self, worker: Worker) -> None:
         code = await worker.process.wait()
         worker.exit_code = code
+        self._undelivered.pop(worker.worker_id, None)
         if worker.state is WorkerState.STOPPED or not worker.state.alive:
             return
         if worker.state is WorkerState.LEAVING and not worker.handing_over:
@@ -937,10 +940,17 @@ class Job:
             worker.process.kill()
 
     def _broadcast(self, event: ControlEvent, workers: list[Worker]) -> None:
+        """Send `event` to each of `workers`; one whose stream is closed now (reconnecting, or
+        not yet found after a driver restart) gets it when its stream opens again: a worker
+        blocked in a collective of a broken epoch learns only from this message."""
         for worker in workers:
             queue = self._queues.get(worker.worker_id)
             if queue is not None:
                 queue.put_nowait(event)
+            else:
+                kept = self._undelivered.setdefault(worker.worker_id, [])
+                kept.append(event)
+                del kept[:-MAX_UNDELIVERED]
 
     # --- inputs from the rendezvous and the control service ------------------------------
 
@@ -1026,6 +1036,8 @@ class Job:
             return None
         worker.stream_closed_at = None
         queue: asyncio.Queue[ControlEvent] = asyncio.Queue()
+        for event in self._undelivered.pop(worker_id, []):
+            queue.put_nowait(event)
         self._queues[worker_id] = queue
         return queue
 
