@@ -394,6 +394,36 @@ def test_a_worker_that_dies_while_the_driver_is_down_breaks_its_epoch_for_every_
     assert_exactly_once(tmp_path, epochs=4)
 
 
+def test_a_leave_the_driver_could_not_save_is_no_end_of_training(
+    elasticrun, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """etcd down: rank 1 leaves on SIGTERM and exits 0, and the driver dies before it can
+    save that. The restarted driver finds a member that exited 0 unwatched and without having
+    said it finished: a leave, not the end of training (soak seed 9 ended there, early)."""
+    args = durable_args(
+        etcd, "unsaved-leave", "-np", "2", "--min-np", "1", "-H", "localhost:2",
+        *job_args(tmp_path, epochs=4),
+    )  # fmt: skip
+    env = {"TMPDIR": str(tmp_path)}
+    job = elasticrun(args, env=env)
+    pids = ranks_to_pids(job, 2)
+    job.wait_for(r"step 6 ")
+    etcd.stop()
+    try:
+        os.kill(pids[1], signal.SIGTERM)
+        job.wait_for(r"rank 1 on host localhost leaves the job", timeout=30)
+        deadline = time.monotonic() + 30
+        while pids_alive([pids[1]]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kill_driver(job)
+    finally:
+        etcd.start()
+    restarted = elasticrun(args, env=env)
+    restarted.wait_for(r"exited with code 0 while no driver watched it", timeout=30)
+    assert restarted.finish(120) == 0, restarted.output
+    assert_exactly_once(tmp_path, epochs=4)
+
+
 # --- 7. bad input that reaches the driver or a worker ---------------------------------------
 
 

@@ -615,6 +615,13 @@ class Job:
             if code != 0:
                 log.warning("%s left with exit code %d", self._where(worker), code)
             self._scale()  # its slot is free again
+        elif (
+            code == 0
+            and not worker.exiting
+            and isinstance(worker.process, AdoptedProcess)
+            and worker.process.ended_unwatched
+        ):
+            self._left_unseen(worker)
         elif code == 0:
             self._worker_exited(worker)
         elif code in (126, 127) and not worker.registered:
@@ -645,6 +652,24 @@ class Job:
         if was_member:
             self._begin_finishing()
         self._check_done()
+
+    def _left_unseen(self, worker: Worker) -> None:
+        """`worker` exited 0 while no driver watched, without a saved word that it finished:
+        it left (its leave was not saved, etcd was down), which is no end of training. Re-form
+        without it; the job ends only if every worker is gone that way."""
+        was_member = worker.worker_id in self._rendezvous.members
+        worker.state = WorkerState.EXITED
+        log.warning(
+            "%s exited with code 0 while no driver watched it, without having said that it "
+            "finished: counted as having left the job",
+            self._where(worker),
+        )
+        if was_member and self.elastic is not None:
+            self._reform(f"{self._where(worker)} left")
+        if not self._alive():
+            self._check_done()
+        else:
+            self._scale()
 
     def _begin_finishing(self) -> None:
         """Training is over (a member finished): no new round, no new worker; joiners are
@@ -1024,6 +1049,7 @@ class Job:
             return False
         if reason in EXIT_REASONS:
             worker.exiting = True  # judged by its exit code from now on, not by heartbeats
+            self._save_soon()  # a restarted driver must know it said so (`_left_unseen`)
             if reason == FINISHED and worker.state is WorkerState.MEMBER:
                 self._begin_finishing()
         else:

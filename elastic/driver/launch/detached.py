@@ -101,12 +101,18 @@ class AdoptedProcess(_GroupSignals):
         self._pid = pid or 0
         self.log_dir = log_dir
         self._pidfd: int | None = None
+        self._waited = False  # set once a pidfd wait saw the keeper end
         if pid is not None and log_dir is not None and _runs_keeper_of(pid, log_dir):
             with contextlib.suppress(ProcessLookupError):
                 self._pidfd = os.pidfd_open(pid)
         if self._pidfd is None:  # gone, or not detached (a remote worker ends with ssh)
             recorded = exit_code_in(log_dir) if log_dir is not None else None
             self._code = recorded if recorded is not None else UNKNOWN_EXIT
+
+    @property
+    def ended_unwatched(self) -> bool:
+        """Whether the keeper was gone before this driver adopted it: no driver saw it end."""
+        return self._pidfd is None and self._code is not None and not self._waited
 
     async def wait(self) -> int:
         if self._pidfd is not None:
@@ -119,6 +125,7 @@ class AdoptedProcess(_GroupSignals):
                 loop.remove_reader(self._pidfd)
             os.close(self._pidfd)
             self._pidfd = None
+            self._waited = True
             # The keeper writes the code just before it exits.
             assert self.log_dir is not None
             recorded = exit_code_in(self.log_dir)
