@@ -32,12 +32,22 @@ def create_group(
     Raises RuntimeError or TimeoutError if a peer does not arrive within `timeout`, and the
     store's `EpochSuperseded` if a newer epoch forms meanwhile.
     """
+    _reset_group_names()
     dist.init_process_group(
         backend=backend_for(device), store=store, rank=rank, world_size=size, timeout=timeout
     )
     group = dist.group.WORLD
     assert group is not None
     return group
+
+
+def _reset_group_names() -> None:
+    """Make the next default group's name "0" in every process, as torch does when a default
+    group is destroyed. An `init_process_group` that failed (a peer never came, a newer epoch
+    formed) has taken a name and registered nothing; without this, this process would key its
+    rendezvous under "1" while a fresh joiner uses "0", and both would wait forever."""
+    if not dist.is_initialized():
+        dist.distributed_c10d._world.group_count = 0
 
 
 def abandon_group() -> None:
