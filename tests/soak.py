@@ -344,7 +344,10 @@ class Soak:
             out.write(f"=== anomaly {why}\n")
             for pid, (role, state, _) in sorted(job_processes(str(self.folder)).items()):
                 dump = subprocess.run(
-                    [spy, "dump", "--locals", "--pid", str(pid)], capture_output=True, text=True, timeout=30
+                    [spy, "dump", "--locals", "--pid", str(pid)],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
                 )
                 out.write(f"--- pid {pid} {role} state {state}\n{dump.stdout}{dump.stderr}\n")
 
