@@ -326,8 +326,8 @@ def test_a_hung_joiner_does_not_get_a_healthy_one_killed(elasticrun, tmp_path: P
     hung = worker_pid(job, "127.0.0.1")
     os.kill(hung, signal.SIGSTOP)
     job.wait_for(r"epoch \d+: 2 worker\(s\) .*1 worker\(s\) joined, 1 still starting", 60)
-    go.touch()
-    job.wait_for(r"did not join within 10 s", timeout=60)
+    job.wait_for(r"did not join within 10 s", timeout=60)  # while training holds: the
+    go.touch()  # job cannot end (and stop the hung joiner unjudged) before the timeout
     job.wait_for(r"step \d+ epoch \d+ size 2", timeout=60)
     assert job.finish(120) == 0, job.output
     not_joined = [

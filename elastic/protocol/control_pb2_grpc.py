@@ -78,6 +78,7 @@ class ControlServicer:
 
     def Leave(self, request, context):
         """The worker leaves at its next commit (SIGTERM, a drained host): no rollback, no cooldown.
+        Reasons "exit" and "finished" (elastic/protocol/leave.py) say instead that it is exiting.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
