@@ -281,6 +281,9 @@ class Soak:
             "--host-discovery-script", str(HOSTS_FILE_SCRIPT), "--discovery-interval", "0.2",
             "--heartbeat-interval", "0.5", "--blacklist-cooldown-range", "0.5", "2",
             "--elastic-timeout", "60", "--etcd-grace", "5", "--stop-grace", "2",
+            # a hung joiner (the only one that could take a leaver's state) is timed out well
+            # within the stall limit; the default 30 s equals it
+            "--start-timeout", "15",
             sys.executable, str(SOAK_JOB), "--out", str(self.folder),
             "--side-dir", str(self.side.folder), "--stop-file", str(self.stop_file),
         ]  # fmt: skip

@@ -1050,7 +1050,10 @@ class Job:
         if reason in EXIT_REASONS:
             worker.exiting = True  # judged by its exit code from now on, not by heartbeats
             self._save_soon()  # a restarted driver must know it said so (`_left_unseen`)
-            if reason == FINISHED and worker.state is WorkerState.MEMBER:
+            # A member's script returned: training is over. That includes a leaver still
+            # handing its state over (it is a member until then); one that already left is
+            # none, and its exit says nothing about the others.
+            if reason == FINISHED and worker_id in self._rendezvous.members:
                 self._begin_finishing()
         else:
             self._request_leave(worker, reason)
