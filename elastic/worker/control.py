@@ -286,11 +286,11 @@ class ControlClient:
         (default: the client's)."""
         budget = self._retry_for if retry_for is None else retry_for
         retrying = bounded_retries(budget, _retryable, moved=self._relocate)
+        timeout = min(CALL_TIMEOUT, max(budget, 0.5))  # one attempt fits a short budget
         try:
             for attempt in retrying:
                 with attempt:
                     method = getattr(self._stub, method_name)
-                    timeout = min(CALL_TIMEOUT, max(budget, 0.5))
                     return method(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as err:
             code, details = _code(err), err.details()  # type: ignore[attr-defined]

@@ -134,27 +134,34 @@ class AdoptedProcess(_GroupSignals):
         return self._code
 
 
+KEEPER_MODULE = "elastic.driver.launch.keeper"
+
+
+def _keeper_folder(pid: int) -> str | None:
+    """The folder `pid` keeps, if it is a keeper of this user; else (or gone) None."""
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return None
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    module = KEEPER_MODULE.encode()
+    if module not in arguments:
+        return None
+    at = arguments.index(module)
+    return os.fsdecode(arguments[at + 1]) if at + 1 < len(arguments) else None
+
+
 def keepers_under(log_root: str) -> dict[int, str]:
     """The live keepers of this user whose folder is `log_root/worker.<n>`: pid -> folder.
 
     A driver that dies between launching a worker and saving the job leaves a keeper that no
     saved record names; its restarted successor finds it here."""
-    found = {}
     prefix = os.path.join(log_root, "worker.")
+    found = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if entry.stat().st_uid != os.getuid():
-                continue
-            arguments = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"elastic.driver.launch.keeper" not in arguments:
-            continue
-        at = arguments.index(b"elastic.driver.launch.keeper")
-        folder = os.fsdecode(arguments[at + 1]) if at + 1 < len(arguments) else ""
-        if folder.startswith(prefix) and "/" not in folder[len(prefix) :]:
+        folder = _keeper_folder(int(entry.name)) if entry.name.isdigit() else None
+        if folder is not None and folder.startswith(prefix) and "/" not in folder[len(prefix) :]:
             found[int(entry.name)] = folder
     return found
 
@@ -167,11 +174,7 @@ def kill_keeper(pid: int) -> None:
 
 def _runs_keeper_of(pid: int, log_dir: str) -> bool:
     """Whether `pid` is still the keeper of `log_dir` (not a reused pid)."""
-    try:
-        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return b"elastic.driver.launch.keeper" in arguments and log_dir.encode() in arguments
+    return _keeper_folder(pid) == log_dir
 
 
 class DetachedLauncher(Launcher):
@@ -181,7 +184,7 @@ class DetachedLauncher(Launcher):
     async def launch(self, spec: WorkerSpec) -> WorkerProcess:
         assert spec.log_dir is not None, "a detached worker needs a log directory"
         private_dir(spec.log_dir)  # made by `prepare_log_dir`; checked again, cheaply
-        keeper = [sys.executable, "-m", "elastic.driver.launch.keeper", spec.log_dir, "--"]
+        keeper = [sys.executable, "-m", KEEPER_MODULE, spec.log_dir, "--"]
         try:
             process = await asyncio.create_subprocess_exec(
                 *keeper,
