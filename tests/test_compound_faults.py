@@ -102,12 +102,17 @@ def test_a_holder_that_dies_while_handing_over_is_not_waited_for(
     assert_exactly_once(tmp_path, epochs=3)
 
 
+@pytest.mark.parametrize(
+    "heartbeat", ["1", "30"], ids=["heartbeat-1s", "no-heartbeat-since-commit"]
+)
 def test_sigterm_to_the_only_worker_hands_its_state_over_before_it_exits(
-    elasticrun, tmp_path: Path
+    elasticrun, tmp_path: Path, heartbeat: str
 ) -> None:
+    """With a 30 s heartbeat the driver learns of the worker's commits only from its leave
+    request (as a driver that has just restarted does)."""
     job = elasticrun(
         ["-np", "1", "--min-np", "1", "--max-np", "1", "-H", "localhost:2",
-         *job_args(tmp_path, epochs=4)]
+         "--heartbeat-interval", heartbeat, *job_args(tmp_path, epochs=4)]
     )  # fmt: skip
     pid = ranks_to_pids(job, 1)[0]
     job.wait_for(r"step \d+ epoch 1 ", timeout=60)

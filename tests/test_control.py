@@ -56,8 +56,8 @@ class RecordingListener:
         self._record("heartbeat", worker_id, epoch)
         return worker_id not in self.unknown
 
-    def leave(self, worker_id: str, reason: str) -> bool:
-        self._record("leave", worker_id, reason)
+    def leave(self, worker_id: str, reason: str, commit: int) -> bool:
+        self._record("leave", worker_id, reason, commit)
         return worker_id not in self.unknown
 
     def stream_opened(self, worker_id: str) -> asyncio.Queue[ControlEvent] | None:
@@ -189,8 +189,9 @@ def test_register_and_heartbeats_reach_the_listener_at_the_interval(
 
     client.set_epoch(7)
     wait_until(lambda: any(b[2] == 7 for b in driver.listener.of("heartbeat", "w1")))
-    client.leave("drained")
-    assert driver.listener.of("leave", "w1")[0][2] == "drained"
+    client.set_commit(5)
+    client.leave("drained")  # with its commit count: it may hold the newest one
+    assert driver.listener.of("leave", "w1")[0][2:4] == ("drained", 5)
 
 
 def test_events_arrive_in_membership_events(driver: Driver, clients: list[ControlClient]) -> None:

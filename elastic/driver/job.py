@@ -1043,10 +1043,13 @@ class Job:
         self._catch_up(epoch)
         return True
 
-    def leave(self, worker_id: str, reason: str) -> bool:
+    def leave(self, worker_id: str, reason: str, commit: int) -> bool:
         worker = self._workers.get(worker_id)
         if worker is None or not worker.state.alive:
             return False
+        # Before judging whether it holds the only copy of the state: a driver that has just
+        # restarted may not have had a heartbeat from it yet.
+        self._note_commit(worker, commit)
         if reason in EXIT_REASONS:
             worker.exiting = True  # judged by its exit code from now on, not by heartbeats
             self._save_soon()  # a restarted driver must know it said so (`_left_unseen`)

@@ -35,12 +35,14 @@ class HeartbeatResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("worker_id", "reason")
+    __slots__ = ("worker_id", "reason", "commit")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     reason: str
-    def __init__(self, worker_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    commit: int
+    def __init__(self, worker_id: _Optional[str] = ..., reason: _Optional[str] = ..., commit: _Optional[int] = ...) -> None: ...
 
 class LeaveResponse(_message.Message):
     __slots__ = ()

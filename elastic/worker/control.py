@@ -226,7 +226,9 @@ class ControlClient:
         """Ask the driver to let this worker leave at its next commit (no rollback, no
         cooldown). Retries for up to `retry_for` seconds; raises `WorkerEvicted` on NOT_FOUND
         and `ControlError` on any other refusal or when the driver stays unreachable."""
-        self._call("Leave", pb.LeaveRequest(worker_id=self.worker_id, reason=reason))
+        self._call(
+            "Leave", pb.LeaveRequest(worker_id=self.worker_id, reason=reason, commit=self.commit)
+        )
 
     def say_exiting(self, finished: bool) -> None:
         """Tell the driver this process is exiting (`finished`: its script returned), so it
@@ -239,7 +241,7 @@ class ControlClient:
         try:
             self._call(
                 "Leave",
-                pb.LeaveRequest(worker_id=self.worker_id, reason=reason),
+                pb.LeaveRequest(worker_id=self.worker_id, reason=reason, commit=self.commit),
                 retry_for=EXIT_NOTICE_FOR,
             )
         except ControlError as err:  # the driver may be gone, or already counts this out

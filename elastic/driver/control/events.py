@@ -42,8 +42,9 @@ class WorkerListener(Protocol):
     def heartbeat(self, worker_id: str, epoch: int, commit: int) -> bool:
         """A worker is alive, in `epoch`, having made `commit` state commits."""
 
-    def leave(self, worker_id: str, reason: str) -> bool:
-        """A worker asks to leave at its next commit (SIGTERM, drained host)."""
+    def leave(self, worker_id: str, reason: str, commit: int) -> bool:
+        """A worker having made `commit` state commits asks to leave at its next commit
+        (SIGTERM, drained host), or says it exits (reasons in `elastic.protocol.leave`)."""
 
     def stream_opened(self, worker_id: str) -> asyncio.Queue[ControlEvent] | None:
         """A worker opened its event stream: return the queue its events will come from."""

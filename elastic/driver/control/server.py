@@ -173,7 +173,7 @@ class _ControlService(pb_grpc.ControlServicer):
         await self._call_listener(
             context,
             request.worker_id,
-            lambda: self._listener.leave(request.worker_id, request.reason),
+            lambda: self._listener.leave(request.worker_id, request.reason, request.commit),
         )
         return pb.LeaveResponse()
 
