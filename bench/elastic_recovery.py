@@ -317,7 +317,7 @@ def free_port() -> int:
 def third_host() -> tuple[str, str]:
     """The discovery line added at scale-up, and why: this machine's hostname if it resolves
     to a local address (a third distinct host name), else `localhost:2`."""
-    from elastic.driver.network import is_local, local_addresses
+    from elastic.driver.launch.network import is_local, local_addresses
 
     name = socket.gethostname()
     try:

@@ -27,7 +27,7 @@ Each trial of an elastic job `-np N --min-np 1 --max-np N -H localhost:N` (N = 2
   (heartbeats only) between the two, as a percentage of one core.
 
 With etcd, workers on the driver's host are detached: the driver follows each one's
-stdout/stderr files (`elastic.driver.output.follow` polls each), as it would for real local
+stdout/stderr files (`elastic.driver.launch.output.follow` polls each), as it would for real local
 workers; `FakeLauncher` creates those files empty, as the keeper would. The variant
 `etcd_pipes` (1000 clients only) takes the detached output following out: the workers' host
 is treated as remote, whose output comes through pipes (ssh), so it shows the cost of the
@@ -424,11 +424,11 @@ def make_job(
     variant: str, n: int, etcd_endpoint: str | None, clients: Clients, heartbeat: float = 1.0
 ) -> tuple:
     """A Job with the real driver for `variant` (memory, etcd, etcd_pipes) and its launcher."""
-    from elastic.driver.hosts import HostSpec
+    from elastic.driver.discovery.hosts import HostSpec
     from elastic.driver.job import Job
+    from elastic.driver.journal.etcd import EtcdBackend
+    from elastic.driver.journal.memory import MemoryBackend
     from elastic.driver.settings import BackendSettings, ElasticSettings, Settings
-    from elastic.driver.state.etcd import EtcdBackend
-    from elastic.driver.state.memory import MemoryBackend
     from elastic.protocol.etcd import EtcdOptions, parse_endpoints
 
     job_id = f"bench-{uuid.uuid4().hex[:10]}"

@@ -1,8 +1,8 @@
 """Slot assignment: rank, local and cross coordinates for every worker."""
 
-from elastic.driver.assignment import plan_slots
-from elastic.driver.hosts import HostSpec
-from elastic.driver.planning import free_slots, next_members
+from elastic.driver.discovery.hosts import HostSpec
+from elastic.driver.policy.planning import free_slots, next_members
+from elastic.driver.rendezvous.assignment import plan_slots
 from elastic.protocol.http import SlotInfo
 
 

@@ -10,11 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from elastic.driver.cli import MAX_NP, parse_settings
+from elastic.driver.cli.main import MAX_NP, parse_settings
 from elastic.driver.discovery import DiscoveryError, ScriptDiscovery
+from elastic.driver.discovery.hosts import (
+    MAX_SLOTS_PER_HOST,
+    HostSpec,
+    parse_host_list,
+    read_hostfile,
+)
 from elastic.driver.errors import MAX_SECONDS, UsageError, seconds
-from elastic.driver.hosts import MAX_SLOTS_PER_HOST, HostSpec, parse_host_list, read_hostfile
-from elastic.driver.planning import free_slots
+from elastic.driver.policy.planning import free_slots
 from tests.conftest import write_script
 
 HUGE = "1" + "0" * 29  # 30 digits: -np 1e29 once grew the driver to 2.5 GB in 12 s

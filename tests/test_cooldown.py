@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from elastic.driver.cooldown import JITTER, Cooldown, validate_cooldown_range
+from elastic.driver.discovery.cooldown import JITTER, Cooldown, validate_cooldown_range
 from elastic.driver.errors import UsageError
 
 

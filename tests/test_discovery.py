@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from elastic.driver.cooldown import Cooldown
 from elastic.driver.discovery import (
     DiscoveryError,
     FixedHosts,
@@ -24,7 +23,8 @@ from elastic.driver.discovery import (
     HostTracker,
     ScriptDiscovery,
 )
-from elastic.driver.hosts import HostSpec
+from elastic.driver.discovery.cooldown import Cooldown
+from elastic.driver.discovery.hosts import HostSpec
 from tests.conftest import pids_alive, processes_naming
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "discovery_scripts"

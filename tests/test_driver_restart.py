@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic.driver.state.etcd import EtcdBackend
+from elastic.driver.journal.etcd import EtcdBackend
 from elastic.protocol.etcd import EtcdOptions, parse_endpoints
 from tests.conftest import ELASTICRUN, RunningJob, pids_alive
 from tests.etcd_server import EtcdServer

@@ -2,8 +2,13 @@
 
 import pytest
 
+from elastic.driver.discovery.hosts import (
+    HostSpec,
+    parse_host_lines,
+    parse_host_list,
+    read_hostfile,
+)
 from elastic.driver.errors import UsageError
-from elastic.driver.hosts import HostSpec, parse_host_lines, parse_host_list, read_hostfile
 
 
 def test_host_list_keeps_order_and_defaults_to_one_slot() -> None:

@@ -15,11 +15,11 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from elastic.driver.rendezvous import Rendezvous
+from elastic.driver.journal.memory import MemoryKeyValueStore
+from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.limits import MAX_BODY_BYTES
 from elastic.driver.server.services import Services
-from elastic.driver.state.memory import MemoryKeyValueStore
 from elastic.protocol.http import (
     MAX_EPOCH,
     MAX_KEY_LENGTH,

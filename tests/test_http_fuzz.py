@@ -19,11 +19,11 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from elastic.driver.rendezvous import Joined, Rendezvous
+from elastic.driver.journal.memory import MemoryKeyValueStore
+from elastic.driver.rendezvous.rounds import Joined, Rendezvous
 from elastic.driver.server.app import create_app
 from elastic.driver.server.limits import MAX_BODY_BYTES
 from elastic.driver.server.services import Services
-from elastic.driver.state.memory import MemoryKeyValueStore
 from elastic.protocol.http import HostStatus, JobStatus
 from tests.test_http_api import AUTH, TOKEN, serving
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
+from elastic.driver.journal.memory import MemoryKeyValueStore
+from elastic.driver.rendezvous.kv import INT64_MAX, INT64_MIN
 from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.connections import ConnectionLimits
-from elastic.driver.state.kv import INT64_MAX, INT64_MIN
-from elastic.driver.state.memory import MemoryKeyValueStore
 from tests.test_http_api import AUTH, make_services
 
 IDLE = 1.0  # the idle timeout these tests serve with

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastic.driver.liveness import MISSED_HEARTBEATS, Limits, Verdict, judge
+from elastic.driver.policy.liveness import MISSED_HEARTBEATS, Limits, Verdict, judge
 from elastic.driver.workers import Worker, WorkerState
 
 LIMITS = Limits(heartbeat_interval=1.0, stop_grace=5.0, start_timeout=30.0)

@@ -20,8 +20,8 @@ import pytest
 
 from elastic.driver.errors import LaunchError
 from elastic.driver.launch.detached import prepare_log_dir
-from elastic.driver.output import OutputSink, folder_mode
-from elastic.driver.private_files import open_private, private_dir
+from elastic.driver.launch.output import OutputSink, folder_mode
+from elastic.driver.launch.private_files import open_private, private_dir
 from tests.etcd_server import EtcdServer
 
 pytestmark = pytest.mark.timeout(120)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from elastic.driver.state.backend import BackendError, ClaimLost, JobLocked
-from elastic.driver.state.etcd import EtcdBackend
+from elastic.driver.journal.backend import BackendError, ClaimLost, JobLocked
+from elastic.driver.journal.etcd import EtcdBackend
 from elastic.protocol.etcd import EtcdOptions, parse_endpoints
 from tests.etcd_server import EtcdServer
 

@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request
 from elastic.driver.control.server import ControlServer
 from elastic.driver.errors import UsageError
 from elastic.driver.server.app import HttpServer
-from elastic.driver.tls import TlsIdentity
+from elastic.driver.server.tls import TlsIdentity
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
 from elastic.worker import transport

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from elastic.driver.control.server import ControlServer
 from elastic.driver.server.app import HttpServer
-from elastic.driver.tls import TlsIdentity
+from elastic.driver.server.tls import TlsIdentity
 from elastic.protocol.etcd import (
     CertificateNotAuthentic,
     DriverAddress,

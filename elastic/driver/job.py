@@ -20,7 +20,6 @@ from typing import Any
 
 from elastic.driver.control.events import ControlEvent, EpochBroken, HostsUpdated
 from elastic.driver.control.server import ControlServer
-from elastic.driver.cooldown import Cooldown
 from elastic.driver.discovery import (
     DiscoveryError,
     FixedHosts,
@@ -29,21 +28,19 @@ from elastic.driver.discovery import (
     HostTracker,
     ScriptDiscovery,
 )
+from elastic.driver.discovery.cooldown import Cooldown
+from elastic.driver.discovery.hosts import HostSpec, parse_host_list
 from elastic.driver.errors import LaunchError, UsageError
-from elastic.driver.host_access import HostAccess
-from elastic.driver.hosts import HostSpec, parse_host_list
-from elastic.driver.launch.base import WorkerSpec
-from elastic.driver.launch.detached import (
-    AdoptedProcess,
-    keepers_under,
-    kill_keeper,
-    prepare_log_dir,
+from elastic.driver.journal.backend import BackendError, JobLocked, StateBackend
+from elastic.driver.journal.memory import MemoryBackend, MemoryKeyValueStore
+from elastic.driver.journal.record import (
+    CooldownRecord,
+    JobResult,
+    JobSecret,
+    JobSpec,
+    JobState,
 )
-from elastic.driver.liveness import Limits, Verdict, judge
-from elastic.driver.output import OutputSink, follow, pump
-from elastic.driver.planning import free_slots, next_members
-from elastic.driver.rendezvous import Rendezvous
-from elastic.driver.resume import (
+from elastic.driver.journal.resume import (
     ADOPT_GRACE,
     default_log_root,
     describe_holder,
@@ -54,20 +51,23 @@ from elastic.driver.resume import (
     worker_from,
     worker_record,
 )
+from elastic.driver.journal.saver import StateSaver
+from elastic.driver.launch.base import WorkerSpec
+from elastic.driver.launch.detached import (
+    AdoptedProcess,
+    keepers_under,
+    kill_keeper,
+    prepare_log_dir,
+)
+from elastic.driver.launch.host_access import HostAccess
+from elastic.driver.launch.output import OutputSink, follow, pump
+from elastic.driver.policy.liveness import Limits, Verdict, judge
+from elastic.driver.policy.planning import free_slots, next_members
+from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.services import Services
+from elastic.driver.server.tls import TlsIdentity
 from elastic.driver.settings import Settings
-from elastic.driver.state.backend import BackendError, JobLocked, StateBackend
-from elastic.driver.state.memory import MemoryBackend, MemoryKeyValueStore
-from elastic.driver.state.record import (
-    CooldownRecord,
-    JobResult,
-    JobSecret,
-    JobSpec,
-    JobState,
-)
-from elastic.driver.state.saver import StateSaver
-from elastic.driver.tls import TlsIdentity
 from elastic.driver.workers import Worker, WorkerState, stop_workers
 from elastic.protocol import env as worker_env
 from elastic.protocol.etcd import DriverAddress, certificate_mac

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from elastic.driver.hosts import HostSpec
+from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.launch.ssh import SshOptions
 from elastic.protocol.etcd import EtcdOptions
 

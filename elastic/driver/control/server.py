@@ -18,7 +18,7 @@ import grpc
 from grpc import aio
 
 from elastic.driver.control.events import ControlEvent, EpochBroken, HostsUpdated, WorkerListener
-from elastic.driver.tls import TlsIdentity
+from elastic.driver.server.tls import TlsIdentity
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
 from elastic.protocol.env import AUTH_SCHEME

@@ -1,4 +1,5 @@
-"""Host discovery: the interface, its implementations and the tracker the driver feeds."""
+"""Host discovery: the interface, its implementations, host lists, cooldown and the tracker
+the driver feeds."""
 
 from elastic.driver.discovery.base import DiscoveryError, HostDiscovery
 from elastic.driver.discovery.fixed import FixedHosts

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from elastic.driver.hosts import HostSpec
+from elastic.driver.discovery.hosts import HostSpec
 
 
 class DiscoveryError(Exception):

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from elastic.driver.discovery.base import HostDiscovery
-from elastic.driver.hosts import HostSpec
+from elastic.driver.discovery.hosts import HostSpec
 
 
 class FixedHosts(HostDiscovery):
-    """Always the same hosts (already parsed and checked by `elastic.driver.hosts`).
+    """Always the same hosts (already parsed and checked by `elastic.driver.discovery.hosts`).
 
     Never raises: a fixed list cannot fail.
     """

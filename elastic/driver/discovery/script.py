@@ -18,8 +18,8 @@ import shutil
 import signal
 
 from elastic.driver.discovery.base import DiscoveryError, HostDiscovery
+from elastic.driver.discovery.hosts import MAX_SLOTS_PER_HOST, HostSpec, parse_host_lines
 from elastic.driver.errors import UsageError
-from elastic.driver.hosts import MAX_SLOTS_PER_HOST, HostSpec, parse_host_lines
 
 _MAX_STDERR_LINE = 300
 _DRAIN_SECONDS = 1.0

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from elastic.driver.cooldown import Cooldown
-from elastic.driver.hosts import HostSpec
+from elastic.driver.discovery.cooldown import Cooldown
+from elastic.driver.discovery.hosts import HostSpec
 
 
 @dataclass(frozen=True)

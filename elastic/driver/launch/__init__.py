@@ -1,1 +1,2 @@
-"""Starting worker processes: one interface, a local and an ssh implementation."""
+"""Starting worker processes and reaching hosts: one launcher interface, a local and an ssh
+implementation, host access, addresses, and the workers' output."""

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from elastic.driver.errors import LaunchError
-from elastic.driver.private_files import open_private
+from elastic.driver.launch.private_files import open_private
 
 EXIT_FILE = "exit"
 

@@ -20,7 +20,7 @@ from elastic.driver.server.auth import TokenGate, require_token
 from elastic.driver.server.connections import ConnectionGuard, ConnectionLimits
 from elastic.driver.server.limits import MAX_BODY_BYTES, BodyLimit
 from elastic.driver.server.services import Services
-from elastic.driver.tls import TlsIdentity
+from elastic.driver.server.tls import TlsIdentity
 from elastic.protocol.http import ErrorResponse
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
+from elastic.driver.journal.record import WorkerRecord
 from elastic.driver.settings import BackendSettings, Settings
-from elastic.driver.state.record import WorkerRecord
 from elastic.driver.workers import Worker, WorkerState
 
 ADOPT_GRACE = 10.0  # seconds a re-adopted worker has to reach the new driver

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-from elastic.driver.hosts import HostSpec
+from elastic.driver.discovery.hosts import HostSpec
 
 
 def next_members(

@@ -24,7 +24,7 @@ import grpc
 import tenacity
 from pyetcd.exceptions import Etcd3Exception
 
-from elastic.driver.state.backend import BackendError, ClaimLost, JobLocked, StateBackend
+from elastic.driver.journal.backend import BackendError, ClaimLost, JobLocked, StateBackend
 from elastic.protocol.etcd import KEY_NAMES, EtcdOptions, connect
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from elastic.driver.changes import ChangeNotifier
-from elastic.driver.state.backend import BackendError, ClaimLost, StateBackend
+from elastic.driver.journal.backend import BackendError, ClaimLost, StateBackend
 
 log = logging.getLogger("elasticrun")
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.errors import LaunchError, UsageError
-from elastic.driver.hosts import HostSpec
 from elastic.driver.launch.base import Launcher
 from elastic.driver.launch.detached import DetachedLauncher
 from elastic.driver.launch.local import LocalLauncher
+from elastic.driver.launch.network import interface_address, is_local, local_addresses, route_source
 from elastic.driver.launch.ssh import SshLauncher, SshOptions
-from elastic.driver.network import interface_address, is_local, local_addresses, route_source
 
 log = logging.getLogger("elasticrun")
 

@@ -10,19 +10,24 @@ import signal
 import sys
 import tempfile
 
-from elastic.driver.backend_flags import FlagParser, add_backend_flags, backend_settings
-from elastic.driver.cooldown import validate_cooldown_range
+from elastic.driver.cli.backend_flags import FlagParser, add_backend_flags, backend_settings
+from elastic.driver.cli.status_command import status_main
 from elastic.driver.discovery import DiscoveryError, ScriptDiscovery
+from elastic.driver.discovery.cooldown import validate_cooldown_range
+from elastic.driver.discovery.hosts import (
+    MAX_SLOTS_PER_HOST,
+    HostSpec,
+    parse_host_list,
+    read_hostfile,
+)
 from elastic.driver.errors import LaunchError, UsageError, seconds
-from elastic.driver.hosts import MAX_SLOTS_PER_HOST, HostSpec, parse_host_list, read_hostfile
 from elastic.driver.job import Job
+from elastic.driver.journal.backend import StateBackend
+from elastic.driver.journal.etcd import EtcdBackend
+from elastic.driver.journal.memory import MemoryBackend
 from elastic.driver.launch.ssh import SshOptions
+from elastic.driver.server.tls import TlsIdentity
 from elastic.driver.settings import BackendSettings, ElasticSettings, Settings
-from elastic.driver.state.backend import StateBackend
-from elastic.driver.state.etcd import EtcdBackend
-from elastic.driver.state.memory import MemoryBackend
-from elastic.driver.status_command import status_main
-from elastic.driver.tls import TlsIdentity
 
 log = logging.getLogger("elasticrun")
 
@@ -365,7 +370,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"elasticrun: error: {err}", file=sys.stderr)
         return 1
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

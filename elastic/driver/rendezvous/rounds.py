@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from elastic.driver.assignment import plan_slots
 from elastic.driver.changes import ChangeNotifier
+from elastic.driver.rendezvous.assignment import plan_slots
 from elastic.protocol.http import SlotInfo
 
 WaitListener = Callable[[str, int, int], None]

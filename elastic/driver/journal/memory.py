@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from elastic.driver.changes import ChangeNotifier
-from elastic.driver.state.backend import StateBackend
-from elastic.driver.state.kv import INT64_MAX, INT64_MIN, KeyValueStore
+from elastic.driver.journal.backend import StateBackend
+from elastic.driver.rendezvous.kv import INT64_MAX, INT64_MIN, KeyValueStore
 
 
 class MemoryKeyValueStore(KeyValueStore):

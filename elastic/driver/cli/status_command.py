@@ -8,11 +8,11 @@ import json
 import sys
 import time
 
-from elastic.driver.backend_flags import FlagParser, add_backend_flags, backend_settings
+from elastic.driver.cli.backend_flags import FlagParser, add_backend_flags, backend_settings
 from elastic.driver.errors import UsageError
-from elastic.driver.state.backend import BackendError
-from elastic.driver.state.etcd import EtcdBackend
-from elastic.driver.state.record import JobResult, JobSpec, JobState
+from elastic.driver.journal.backend import BackendError
+from elastic.driver.journal.etcd import EtcdBackend
+from elastic.driver.journal.record import JobResult, JobSpec, JobState
 from elastic.protocol.etcd import DriverAddress
 
 PUBLIC = ("driver", "spec", "state", "result")  # every document but the lock and the secret

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from elastic.driver.errors import LaunchError
-from elastic.driver.private_files import PRIVATE_DIR, PRIVATE_FILE, open_private, private_dir
+from elastic.driver.launch.private_files import PRIVATE_DIR, PRIVATE_FILE, open_private, private_dir
 
 _CHUNK = 1 << 16
 

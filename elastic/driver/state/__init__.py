@@ -1,1 +1,0 @@
-"""Where the driver keeps job state: one interface, one module per backend."""
