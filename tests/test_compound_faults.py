@@ -72,7 +72,7 @@ def test_removing_the_host_of_the_only_worker_hands_its_state_to_the_replacement
     job.wait_for(r"leaves the job \(host localhost was removed by discovery\) once another", 30)
     job.wait_for(r"epoch 2: 2 worker\(s\) on localhost:1, 127.0.0.1:1", timeout=60)
     go.touch()  # the joiner waits for the holder's state: let the holder reach its commit
-    job.wait_for(r"leaves the job: another worker holds its state now", timeout=60)
+    job.wait_for(r"leaves the job: .*; another worker holds its state now", timeout=60)
     job.wait_for(r"epoch 3: 1 worker\(s\) on 127.0.0.1:1", timeout=30)
     assert job.finish(120) == 0, job.output
     assert_never_backwards(job)
@@ -117,7 +117,7 @@ def test_sigterm_to_the_only_worker_hands_its_state_over_before_it_exits(
     pid = ranks_to_pids(job, 1)[0]
     job.wait_for(r"step \d+ epoch 1 ", timeout=60)
     os.kill(pid, signal.SIGTERM)
-    job.wait_for(r"leaves the job: another worker holds its state now", timeout=60)
+    job.wait_for(r"leaves the job: .*; another worker holds its state now", timeout=60)
     assert job.finish(120) == 0, job.output
     assert not pids_alive([pid])
     assert_never_backwards(job)

@@ -879,6 +879,7 @@ class Job:
             self._let_go(worker, why)
             return
         worker.handing_over = True
+        worker.leave_reason = why
         self._save_soon()
         log.info(
             "%s leaves the job (%s) once another worker holds its state (commit %d)",
@@ -913,7 +914,11 @@ class Job:
             if not (worker.handing_over and worker.state.alive):
                 continue
             if self._handed_over(worker):
-                self._let_go(worker, f"another worker holds its state now (commit {worker.commit})")
+                self._let_go(
+                    worker,
+                    f"{worker.leave_reason}; another worker holds its state now "
+                    f"(commit {worker.commit})",
+                )
             elif (
                 not any(
                     w.state in (WorkerState.LAUNCHING, WorkerState.MEMBER) for w in self._alive()
@@ -926,7 +931,7 @@ class Job:
                     self._where(worker),
                     worker.commit,
                 )
-                self._let_go(worker, "nobody can take its state over")
+                self._let_go(worker, f"{worker.leave_reason}; nobody can take its state over")
 
     def _note_commit(self, worker: Worker, commit: int) -> None:
         """`worker` reported that its state holds `commit` commits."""

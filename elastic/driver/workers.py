@@ -48,6 +48,7 @@ class Worker:
     commit: int = 0  # the state commits it has made, as its last heartbeat or join said
     handing_over: bool = False  # LEAVING, but the only holder of the newest commit: a member
     # until another member reports holding that commit
+    leave_reason: str = ""  # why it leaves, while `handing_over`
     waiting_since: float | None = None  # when it first waited at the rendezvous to join
 
     @property

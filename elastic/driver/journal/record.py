@@ -45,6 +45,7 @@ class WorkerRecord(BaseModel):
     offsets: dict[str, int] = Field(default_factory=dict)  # output already shown, per stream
     commit: int = 0  # the state commits the worker had made at its last heartbeat
     handing_over: bool = False  # leaving, but holds the newest commit: stays until passed on
+    leave_reason: str = ""  # why it leaves, while it hands its state over
 
 
 class CooldownRecord(BaseModel):

@@ -70,7 +70,7 @@ def default_log_root(job_id: str) -> str:
 # Worker fields saved as they are (state and the launcher's pid are converted).
 _SAVED = (
     "pid", "exit_code", "registered", "joined", "exiting", "log_dir", "offsets", "commit",
-    "handing_over",
+    "handing_over", "leave_reason",
 )  # fmt: skip
 
 
