@@ -428,6 +428,7 @@ def make_job(
     from elastic.driver.job import Job
     from elastic.driver.journal.etcd import EtcdBackend
     from elastic.driver.journal.memory import MemoryBackend
+    from elastic.driver.launch.host_access import HostAccess
     from elastic.driver.settings import BackendSettings, ElasticSettings, Settings
     from elastic.protocol.etcd import EtcdOptions, parse_endpoints
 
@@ -449,13 +450,16 @@ def make_job(
         elastic=ElasticSettings(min_np=1, max_np=n, discovery_script=None),
         backend=backend_settings,
     )
-    job = Job(settings, backend=backend)
     launcher = FakeLauncher(clients)
-    job._hosts.launcher = lambda hostname: launcher
-    if variant == "etcd_pipes":
-        # The workers' host as a remote one: output through pipes, not followed files.
-        job._hosts._local["localhost"] = False
-        job._hosts._reachable.add("localhost")
+    # etcd_pipes: the workers' output through pipes, as for a remote host, not followed files.
+    hosts = HostAccess(
+        settings.ssh,
+        settings.stop_grace,
+        settings.start_timeout,
+        detached=variant != "etcd_pipes" and settings.backend.durable,
+        local_launcher=launcher,
+    )
+    job = Job(settings, backend=backend, hosts=hosts)
     return job, launcher
 
 

@@ -107,9 +107,14 @@ class Job:
     def __init__(
         self,
         settings: Settings,
-        clock: Callable[[], float] = time.monotonic,
+        *,
         backend: StateBackend | None = None,
+        hosts: HostAccess | None = None,
+        discovery: HostDiscovery | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """Collaborators not passed in are built from the settings (again from the saved
+        ones when the job is taken up after a driver restart)."""
         self.job_id = settings.backend.job_id or uuid.uuid4().hex[:12]
         self._driver_id = uuid.uuid4().hex
         self._backend = backend if backend is not None else MemoryBackend()
@@ -138,12 +143,14 @@ class Job:
         self._end_message = ""
         self._driver_url = ""
         self._control_address = ""
+        self._given_hosts = hosts
+        self._given_discovery = discovery
         self._configure(settings)
 
     def _configure(self, settings: Settings) -> None:
         self.settings = settings
         self.elastic = settings.elastic
-        self._hosts = HostAccess(
+        self._hosts = self._given_hosts or HostAccess(
             settings.ssh,
             settings.stop_grace,
             settings.start_timeout,
@@ -151,7 +158,7 @@ class Job:
         )
         low, high = self.elastic.cooldown_range if self.elastic else (0.0, 0.0)
         self._tracker = HostTracker(Cooldown(low, high, random.Random()))
-        self._discovery: HostDiscovery = (
+        self._discovery: HostDiscovery = self._given_discovery or (
             ScriptDiscovery(
                 self.elastic.discovery_script,
                 self.elastic.discovery_timeout,
@@ -562,7 +569,7 @@ class Job:
     async def _start(self, worker: Worker) -> None:
         """Start `worker`'s process; a failure to start fails the worker (static: the job)."""
         folder = self._folder(worker)
-        if self.settings.backend.durable and self._hosts.is_local(worker.hostname):
+        if self._hosts.detached(worker.hostname):
             # private (0700, this user's): a planted folder or link raises LaunchError
             worker.log_dir = prepare_log_dir(self._log_root, worker.serial)
         spec = WorkerSpec(

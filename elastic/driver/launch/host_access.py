@@ -25,22 +25,37 @@ class HostAccess:
     """
 
     def __init__(
-        self, ssh: SshOptions, stop_grace: float, ssh_timeout: float, detached: bool = False
+        self,
+        ssh: SshOptions,
+        stop_grace: float,
+        ssh_timeout: float,
+        detached: bool = False,
+        *,
+        local_launcher: Launcher | None = None,
+        ssh_launcher: Launcher | None = None,
     ) -> None:
+        """`local_launcher` and `ssh_launcher` replace the default ones (tests, benchmarks)."""
         self._addresses = local_addresses()
         self._local: dict[str, bool] = {}
         self._unresolvable: set[str] = set()
         self._reachable: set[str] = set()
         self._ssh_timeout = ssh_timeout
+        self._detached = detached
         # Detached: local workers outlive the driver, under a keeper, output in files.
-        self._local_launcher: Launcher = DetachedLauncher() if detached else LocalLauncher()
-        self._ssh_launcher = SshLauncher(ssh, stop_grace)
+        self._local_launcher: Launcher = local_launcher or (
+            DetachedLauncher() if detached else LocalLauncher()
+        )
+        self._ssh_launcher: Launcher = ssh_launcher or SshLauncher(ssh, stop_grace)
 
     def is_local(self, hostname: str) -> bool:
         """Raises `UsageError` for a name that does not resolve."""
         if hostname not in self._local:
             self._local[hostname] = is_local(hostname, self._addresses)
         return self._local[hostname]
+
+    def detached(self, hostname: str) -> bool:
+        """Whether workers on `hostname` outlive the driver, their output in files."""
+        return self._detached and self.is_local(hostname)
 
     def usable(self, hostname: str) -> bool:
         """False for a (discovered) host name that does not resolve; logged once."""
