@@ -269,9 +269,11 @@ def test_a_worker_launched_after_the_last_save_is_killed_by_the_restarted_driver
     its keeper under the job's log folder and kills it, or it would outlive the job."""
     hosts = tmp_path / "hosts"
     write_hosts(hosts, "localhost:1\n")
+    go = tmp_path / "go"  # the job cannot end before the joiner is seen, however slow it is
     args = durable_args(
-        etcd, "unsaved-joiner", "--min-np", "1", *discovery_args(), *job_args(tmp_path)
-    )
+        etcd, "unsaved-joiner", "--min-np", "1", *discovery_args(),
+        *job_args(tmp_path, "--hold-at-step", "12", "--hold-file", str(go)),
+    )  # fmt: skip
     env = {"ELASTIC_HOSTS_FILE": str(hosts), "TMPDIR": str(tmp_path)}
     job = elasticrun(args, env=env)
     job.wait_for(r"step 4 ")
@@ -285,6 +287,7 @@ def test_a_worker_launched_after_the_last_save_is_killed_by_the_restarted_driver
         etcd.start()
     restarted = elasticrun(args, env=env)
     restarted.wait_for(r"stopping worker\.\d+ \(keeper pid \d+\): the earlier driver", 60)
+    go.touch()
     assert restarted.finish(120) == 0, restarted.output
     assert not pids_alive([joiner]), "the unsaved joiner must be killed"
     assert etcd.process is not None
