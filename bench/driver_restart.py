@@ -82,7 +82,7 @@ MILESTONES = [
     ("survivor: collective failed", r"elastic: rank \d+: .*failed", "worker", "kill"),
     ("survivor: driver unreachable", r"driver unreachable", "worker", "kill"),
     ("driver: saw the death", r"elasticrun: rank \d+ on host .*(signal|exit)", "arrival", "kill"),
-    ("driver: epoch with 1 worker formed", r"elasticrun: epoch \d+: 1 worker", "arrival", "kill"),
+    ("driver: round with 1 worker formed", r"elasticrun: round \d+: 1 worker", "arrival", "kill"),
     ("survivor: driver reachable again", r"reachable again", "worker", "kill"),
     ("survivor: entered the new epoch", r"event reset size 1", "worker", "kill"),
     ("survivor: first step at size 1", r"\bstep \d+ size 1 ", "worker", "kill"),

@@ -102,7 +102,7 @@ SCALE_UP_MILESTONES = {
         ("driver: launched joiner", r"elasticrun: launched \d+ worker", "arrival"),
         ("joiner: process up", r"event process up", "worker"),
         ("joiner: python + imports done", r"event started", "worker"),
-        ("driver: epoch at size 3 formed", r"elasticrun: epoch \d+: 3 worker", "arrival"),
+        ("driver: round at size 3 formed", r"elasticrun: round \d+: 3 worker", "arrival"),
         ("incumbent: entered new epoch", r"event reset size 3", "worker"),
         ("joiner: hvd.init() done (epoch formed)", r"event initialized size 3", "worker"),
         ("joiner: model + optimizer built", r"event ready size 3", "worker"),
@@ -125,7 +125,7 @@ RECOVERY_MILESTONES = {
     "elasticrun": [
         ("survivor: collective failed", r"elastic: rank \d+: .*failed", "worker"),
         ("driver: saw the death", r"elasticrun: rank \d+ .*killed by signal", "arrival"),
-        ("driver: epoch at size 2 formed", r"elasticrun: epoch \d+: 2 worker", "arrival"),
+        ("driver: round at size 2 formed", r"elasticrun: round \d+: 2 worker", "arrival"),
         ("survivor: entered new epoch", r"event reset size 2", "worker"),
         ("state restored+synced, training entered", r"enter \d+ size 2", "worker"),
         ("first step at size 2", r"step \d+ size 2", "worker"),

@@ -70,10 +70,10 @@ def test_removing_the_host_of_the_only_worker_hands_its_state_to_the_replacement
     job.wait_for(r"step 40 epoch 1 ", timeout=60)
     write_hosts(hosts, "127.0.0.1:1\n")
     job.wait_for(r"leaves the job \(host localhost was removed by discovery\) once another", 30)
-    job.wait_for(r"epoch 2: 2 worker\(s\) on localhost:1, 127.0.0.1:1", timeout=60)
+    job.wait_for(r"round 2: 2 worker\(s\) on localhost:1, 127.0.0.1:1", timeout=60)
     go.touch()  # the joiner waits for the holder's state: let the holder reach its commit
     job.wait_for(r"leaves the job: .*; another worker holds its state now", timeout=60)
-    job.wait_for(r"epoch 3: 1 worker\(s\) on 127.0.0.1:1", timeout=30)
+    job.wait_for(r"round 3: 1 worker\(s\) on 127.0.0.1:1", timeout=30)
     assert job.finish(120) == 0, job.output
     assert_never_backwards(job)
     assert "training state lost" not in job.output
@@ -98,7 +98,7 @@ def test_a_holder_that_dies_while_handing_over_is_not_waited_for(
     os.kill(holder, signal.SIGKILL)  # before the replacement could take its state
     job.wait_for(r"training state lost: no worker of the job holds its newest commit", 60)
     assert job.finish(120) == 0, job.output
-    assert re.search(r"epoch \d+: 1 worker\(s\) on 127\.0\.0\.1:1", job.output), job.output
+    assert re.search(r"round \d+: 1 worker\(s\) on 127\.0\.0\.1:1", job.output), job.output
     assert_exactly_once(tmp_path, epochs=3)
 
 
@@ -195,7 +195,7 @@ def test_sigterm_while_waiting_for_the_next_epoch_lets_the_worker_leave(
     pids = ranks_to_pids(job, 2)
     job.wait_for(r"step 6 ")
     os.kill(pids[0], signal.SIGKILL)
-    job.wait_for(r"rank 1: a collective of epoch 1 failed: .*; restoring the last commit", 30)
+    job.wait_for(r"rank 1: a collective of round 1 failed: .*; restoring the last commit", 30)
     time.sleep(0.5)  # past the restore: the survivor now waits to join the next epoch
     os.kill(pids[1], signal.SIGTERM)
     job.wait_for(r"takes the only copy of the job's state \(commit \d+\) with it", 30)
@@ -309,7 +309,7 @@ def test_a_slot_freed_by_sigterm_is_refilled(elasticrun, tmp_path: Path) -> None
     job.wait_for(r"step 4 ")
     os.kill(pids[1], signal.SIGTERM)
     job.wait_for(r"leaves the job: SIGTERM", timeout=30)
-    job.wait_for(r"epoch \d+: 2 worker\(s\) on localhost:2 \(1 worker\(s\) joined", timeout=60)
+    job.wait_for(r"round \d+: 2 worker\(s\) on localhost:2 \(1 worker\(s\) joined", timeout=60)
     go.touch()
     job.wait_for(r"step \d+ epoch \d+ size 2", timeout=60)
     assert job.finish(120) == 0, job.output
@@ -333,7 +333,7 @@ def test_a_hung_joiner_does_not_get_a_healthy_one_killed(elasticrun, tmp_path: P
     write_hosts(hosts, "localhost:1\n127.0.0.1:2\n")
     hung = worker_pid(job, "127.0.0.1")
     os.kill(hung, signal.SIGSTOP)
-    job.wait_for(r"epoch \d+: 2 worker\(s\) .*1 worker\(s\) joined, 1 still starting", 60)
+    job.wait_for(r"round \d+: 2 worker\(s\) .*1 worker\(s\) joined, 1 still starting", 60)
     job.wait_for(r"did not join within 10 s", timeout=60)  # while training holds: the
     go.touch()  # job cannot end (and stop the hung joiner unjudged) before the timeout
     job.wait_for(r"step \d+ epoch \d+ size 2", timeout=60)
@@ -396,7 +396,7 @@ def test_a_worker_that_dies_while_the_driver_is_down_breaks_its_epoch_for_every_
     os.kill(pids[1], signal.SIGKILL)
     time.sleep(1.0)
     restarted = elasticrun(args, env=env)
-    restarted.wait_for(r"epoch \d+: 3 worker\(s\)", timeout=30)
+    restarted.wait_for(r"round \d+: 3 worker\(s\)", timeout=30)
     restarted.wait_for(r"step \d+ epoch \d+ size 3", timeout=20)
     assert restarted.finish(120) == 0, restarted.output
     assert_exactly_once(tmp_path, epochs=4)
@@ -446,7 +446,7 @@ def test_an_excluded_joiner_exits_0_from_init(elasticrun, tmp_path: Path) -> Non
     )  # fmt: skip
     job.wait_for(r"step 4 ")
     write_hosts(hosts, "localhost:1\n127.0.0.1:1\n")
-    job.wait_for(r"epoch 2: 2 worker\(s\)", timeout=60)  # the joiner is inside hvd.init()
+    job.wait_for(r"round 2: 2 worker\(s\)", timeout=60)  # the joiner is inside hvd.init()
     write_hosts(hosts, "localhost:1\n")
     job.wait_for(r"host 127.0.0.1 was removed by discovery", timeout=30)
     go.touch()

@@ -89,7 +89,7 @@ def test_a_restarted_driver_adopts_the_running_workers(
     wait_for_file_line(log, rf"step {last + 3} ")
 
     second = elasticrun(args, env)
-    second.wait_for(r"resuming job restart1 at epoch 1: 2 worker\(s\) to re-adopt")
+    second.wait_for(r"resuming job restart1 at round 1: 2 worker\(s\) to re-adopt")
     second.wait_for(r"holding for")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # the new driver hears each worker's latest commit
@@ -104,7 +104,7 @@ def test_a_restarted_driver_adopts_the_running_workers(
     assert second.finish(120) == 0, second.transcript()
     started = {int(pid) for pid in re.findall(r"worker pid=(\d+)", second.output)}
     assert started <= set(pids.values()), "no worker was started again"
-    assert "elasticrun: epoch 2" not in second.output, "no re-rendezvous was needed"
+    assert "elasticrun: round 2" not in second.output, "no re-rendezvous was needed"
     assert assert_exactly_once(tmp_path, epochs=3)["size"] == 2
     assert re.search(r"\[\d\]<stdout>:done size 2", second.output), "output followed again"
     shown = status(etcd, "restart1")
@@ -128,7 +128,7 @@ def test_a_worker_killed_while_the_driver_is_away_is_handled_after_the_restart(
 
     second = elasticrun(args, env)
     second.wait_for(r"rank 1 on host localhost was killed by signal SIGKILL", timeout=30)
-    second.wait_for(r"epoch 2: 1 worker\(s\)", timeout=60)
+    second.wait_for(r"round 2: 1 worker\(s\)", timeout=60)
     assert second.finish(120) == 0, second.transcript()
     assert pids_alive([pids[0]]) == [], "the survivor finished the job"
     assert assert_exactly_once(tmp_path, epochs=3)["size"] == 1
@@ -168,7 +168,7 @@ def test_an_etcd_crash_mid_training_loses_nothing(
     etcd.stop()  # SIGKILL
     # A failure during the outage: the driver handles it from memory.
     os.kill(pids[1], signal.SIGKILL)
-    job.wait_for(r"epoch 2: 1 worker\(s\)", timeout=30)
+    job.wait_for(r"round 2: 1 worker\(s\)", timeout=30)
     job.wait_for(r"job state not saved, retrying", timeout=30)
     job.wait_for(r"unreachable for \d+ s \(grace 1 s", timeout=30)
     etcd.start()

@@ -62,13 +62,13 @@ def test_a_killed_worker_leaves_the_job_training_at_a_smaller_size(
     job.wait_for(r"step 6 ")
     os.kill(pids[victim], signal.SIGKILL)
     killed = time.monotonic()
-    job.wait_for(r"elasticrun: epoch 2: 2 worker\(s\)", timeout=30)
+    job.wait_for(r"elasticrun: round 2: 2 worker\(s\)", timeout=30)
     job.wait_for(r"step \d+ epoch \d+ size 2", timeout=30)
     recovered = time.monotonic() - killed
     assert job.finish(90) == 0, job.output
     assert f"rank {victim} on host localhost was killed by signal SIGKILL" in job.output
     assert recovered < 15, f"with a 120 s collective timeout, recovery took {recovered:.1f} s"
-    assert sizes_after(job, "epoch 2: 2 worker") == {2}
+    assert sizes_after(job, "round 2: 2 worker") == {2}
     assert assert_exactly_once(tmp_path)["size"] == 2
 
 
@@ -130,7 +130,7 @@ def test_discovery_adds_a_host_and_the_job_grows(elasticrun, tmp_path: Path) -> 
     )  # fmt: skip
     job.wait_for(r"step 4 ")
     write_hosts(hosts, "localhost:2\n127.0.0.1:1\n")
-    job.wait_for(r"elasticrun: epoch 2: 3 worker\(s\) on localhost:2, 127.0.0.1:1", timeout=60)
+    job.wait_for(r"elasticrun: round 2: 3 worker\(s\) on localhost:2, 127.0.0.1:1", timeout=60)
     go.touch()  # the joiner waits at the rendezvous: let the incumbents reach their commit
     job.wait_for(r"step \d+ epoch \d+ size 3", timeout=60)
     assert job.finish(90) == 0, job.output
@@ -200,7 +200,7 @@ def test_a_host_comes_back_after_its_cooldown(elasticrun, tmp_path: Path) -> Non
     job.wait_for(r"step 4 ")
     os.kill(pids[1], signal.SIGKILL)
     job.wait_for(r"host localhost in cooldown", timeout=30)
-    job.wait_for(r"epoch 3: 2 worker\(s\) on localhost:2", timeout=60)
+    job.wait_for(r"round 3: 2 worker\(s\) on localhost:2", timeout=60)
     go.touch()
     job.wait_for(r"step \d+ epoch \d+ size 2", timeout=30)
     assert job.finish(90) == 0, job.output

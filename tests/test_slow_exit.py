@@ -22,7 +22,7 @@ from tests.test_elastic import assert_exactly_once, job_args, ranks_to_pids
 
 pytestmark = pytest.mark.timeout(180)
 
-ROUND = re.compile(r"elasticrun: epoch (\d+): ")
+ROUND = re.compile(r"elasticrun: round (\d+): ")
 
 
 def rounds_after_done(job: RunningJob) -> list[str]:
@@ -48,7 +48,7 @@ def test_workers_that_exit_slowly_after_a_re_form_finish_the_job(
     pids = ranks_to_pids(job, 3)
     job.wait_for(r"step 4 ")
     os.kill(pids[2], signal.SIGKILL)  # ranks 0 and 1 are on localhost, rank 2 on 127.0.0.1
-    job.wait_for(r"epoch 2: 2 worker\(s\) on localhost:2", timeout=60)
+    job.wait_for(r"round 2: 2 worker\(s\) on localhost:2", timeout=60)
     assert job.finish(120) == 0, job.output
     assert "missed 3 heartbeats" not in job.output, job.output
     assert rounds_after_done(job) == [], job.output
@@ -79,4 +79,4 @@ def test_a_worker_that_exits_0_while_another_works_is_no_failure(
     )  # fmt: skip
     assert job.finish(60) == 0, job.output
     assert "rank 0 done" in job.output
-    assert not re.search(r"failed|missed|cooldown|elasticrun: epoch 2", job.output), job.output
+    assert not re.search(r"failed|missed|cooldown|elasticrun: round 2", job.output), job.output

@@ -295,7 +295,7 @@ def test_a_tls_job_survives_a_driver_restart_with_no_key_in_etcd(
 
     second: RunningJob = elasticrun(args, env)
     second.wait_for(r"resuming job tls-")
-    second.wait_for(r"epoch 2: 1 worker\(s\)", timeout=60)
+    second.wait_for(r"round 2: 1 worker\(s\)", timeout=60)
     after = driver_document(etcd, job_id)
     token = json.loads(etcd_values(etcd)[f"/elasticrun/{job_id}/secret"])["token"]
     assert json.loads(etcd_values(etcd)[f"/elasticrun/{job_id}/secret"]) == {"token": token}

@@ -15,6 +15,7 @@ import secrets
 import signal
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -62,7 +63,29 @@ from elastic.driver.launch.detached import (
 from elastic.driver.launch.host_access import HostAccess
 from elastic.driver.launch.output import OutputSink, follow, pump
 from elastic.driver.policy.liveness import Limits, Verdict, judge
-from elastic.driver.policy.planning import free_slots, next_members
+from elastic.driver.policy.planning import free_slots
+from elastic.driver.policy.rounds import (
+    AskToLeave,
+    Decision,
+    FillSlots,
+    Finish,
+    FormRound,
+    JobView,
+    Launch,
+    Phase,
+    RecordFleetLoss,
+    ShowProgress,
+    WaitForWorkers,
+    Warn,
+    fill_slots,
+    fleet_lost,
+    hosts_removed,
+    job_end,
+    joiner_waiting,
+    next_round,
+    summarize,
+    tick,
+)
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.services import Services
@@ -71,14 +94,15 @@ from elastic.driver.settings import Settings
 from elastic.driver.workers import Worker, WorkerState, stop_workers
 from elastic.protocol import env as worker_env
 from elastic.protocol.etcd import DriverAddress, certificate_mac
-from elastic.protocol.http import HostStatus, JobStatus, WorkerStatus
+from elastic.protocol.http import DecisionRecord, HostStatus, JobStatus, WorkerStatus
 from elastic.protocol.leave import EXIT_REASONS, FINISHED
 
 log = logging.getLogger("elasticrun")
 
 PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
 SERIAL_GAP = 1000  # worker numbers a restarted driver skips (see `_restore`)
-JOIN_WINDOW = 3.0  # seconds ready joiners wait for those launched with them before a re-form
+ROUND_BATCH = 0.005  # seconds a round waits for more deaths and joins seen at the same time
+DECISIONS_KEPT = 50  # the newest decisions `/v1/status` shows
 MAX_UNDELIVERED = 16  # events kept for a worker whose stream is closed (the newest)
 
 
@@ -128,11 +152,14 @@ class Job:
         self._undelivered: dict[str, list[ControlEvent]] = {}  # for workers with no stream
         self._saver: StateSaver | None = None
         self._tls: TlsIdentity | None = None
-        self._abandoned = False  # another driver took the job: leave the workers running
+        self._phase = Phase.RUNNING
         self._serial = 0
         self._resets = 0
-        self._finishing = False
-        self._short_since: float | None = None
+        self._short_since: float | None = None  # when the SHORT phase began
+        self._round_reasons: list[str] = []  # why a round is wanted, until it is formed
+        self._round_timer: asyncio.TimerHandle | None = None
+        self._broken: set[int] = set()  # rounds every live worker was told are broken
+        self._decisions: deque[DecisionRecord] = deque(maxlen=DECISIONS_KEPT)
         self._last_progress = 0.0
         self._update_version = 0
         self._newest_commit = 0  # the newest commit count any worker reported
@@ -223,7 +250,9 @@ class Job:
         finally:
             for task in self._tasks:
                 task.cancel()
-            if self._abandoned:
+            if self._round_timer is not None:
+                self._round_timer.cancel()
+            if self._phase is Phase.ABANDONED:
                 for pump_task in self._pumps:
                     pump_task.cancel()
             else:
@@ -267,7 +296,7 @@ class Job:
         return documents
 
     def _lost_job(self) -> None:
-        self._abandoned = True
+        self._phase = Phase.ABANDONED
         self._finish(
             1,
             f"another driver took job {self.job_id} over (this driver's claim expired): "
@@ -336,7 +365,7 @@ class Job:
             serial=self._serial,
             resets=self._resets,
             update_version=self._update_version,
-            finishing=self._finishing,
+            finishing=not self._phase.forms_rounds,
             newest_commit=self._newest_commit,
         )
         return state.model_dump_json().encode()
@@ -375,7 +404,7 @@ class Job:
         if state.finishing:
             self._begin_finishing()
         log.info(
-            "resuming job %s at epoch %d: %d worker(s) to re-adopt",
+            "resuming job %s at round %d: %d worker(s) to re-adopt",
             self.job_id,
             state.epoch,
             sum(1 for w in self._workers.values() if w.state.alive),
@@ -414,7 +443,7 @@ class Job:
 
     async def _record_result(self) -> None:
         """Save how the job ended (not when this driver merely lost it)."""
-        if self._abandoned or self._result is None or not self._result.done():
+        if self._phase is Phase.ABANDONED or self._result is None or not self._result.done():
             return
         result = JobResult(code=self._result.result(), message=self._end_message, ended=time.time())
         with contextlib.suppress(BackendError):
@@ -439,7 +468,8 @@ class Job:
 
     def _finish(self, code: int, message: str | None = None) -> None:
         """End the job with `code` (the first call wins), logging `message`."""
-        self._finishing = True  # no more re-forms or launches while the job ends
+        if self._phase is not Phase.ABANDONED:
+            self._phase = Phase.ENDED  # no more rounds or launches while the job ends
         self._rendezvous.close()  # workers re-joining now are told to leave
         if self._result is not None and not self._result.done():
             if message:
@@ -492,7 +522,7 @@ class Job:
         for worker in workers:
             await self._start(worker)
         (log.info if self.elastic else log.debug)(
-            "epoch 1: %d worker(s) on %s", len(workers), _host_summary(workers)
+            "round 1: %d worker(s) on %s", len(workers), _host_summary(workers)
         )
 
     # --- launching -------------------------------------------------------------------------
@@ -681,9 +711,9 @@ class Job:
     def _begin_finishing(self) -> None:
         """Training is over (a member finished): no new round, no new worker; joiners are
         stopped, members re-joining are told to leave, the others end their part and exit."""
-        if self._finishing:
+        if not self._phase.forms_rounds:
             return
-        self._finishing = True
+        self._phase = Phase.FINISHING
         self._rendezvous.close()
         self._save_soon()
         for other in self._workers.values():
@@ -691,16 +721,7 @@ class Job:
                 self._stop(other)
 
     def _check_done(self) -> None:
-        members = self._members()
-        if not any(w.state.alive for w in members):
-            failed = [w for w in members if w.state is WorkerState.FAILED]
-            if not failed:
-                self._finish(0)
-            elif self.elastic is not None:
-                self._finish(
-                    failed[-1].exit_code or 1,
-                    f"{len(failed)} of the {len(members)} worker(s) of the last epoch failed",
-                )
+        self._apply(job_end(self._view()))
 
     def _worker_failed(self, worker: Worker, reason: str) -> None:
         """`worker` died. Static: end the job with its code. Elastic: cool its host down,
@@ -715,15 +736,15 @@ class Job:
             return
         log.error("%s %s", where, reason)
         self._host_failed(worker.hostname, reason)
-        if self._finishing:
+        if not self._phase.forms_rounds:
             self._check_done()
             return
         epoch = self._rendezvous.epoch
         if was_member:
-            self._broadcast(EpochBroken(epoch, f"{where} {reason}"), self._alive())
+            self._break_round(epoch, f"{where} {reason}")
             self._reform(f"{where} {reason}")
         elif was_leaving:  # peers may still be in a collective of its last epoch with it
-            self._broadcast(EpochBroken(epoch - 1, f"{where} {reason}"), self._alive())
+            self._break_round(epoch - 1, f"{where} {reason}")
         if not self._alive():
             self._fleet_lost(worker)
         else:
@@ -731,27 +752,8 @@ class Job:
             self._check_handovers()
 
     def _fleet_lost(self, last: Worker) -> None:
-        """Every worker is dead. If they committed since the job started (or since the fleet
-        was last lost), start again on the offered hosts within --elastic-timeout, saying that
-        the state is lost; otherwise (a script that fails before its first commit) end."""
-        assert self.elastic is not None
-        commit = self._newest_commit
-        if commit == 0 or commit == self._commit_at_fleet_loss:
-            since = "since the last such loss" if commit else "since the job started"
-            self._finish(
-                last.exit_code or 1, f"every worker of the job failed, with no commit {since}"
-            )
-            return
-        self._commit_at_fleet_loss = commit
-        log.warning(
-            "every worker of the job failed: its training state (commit %d) is lost with "
-            "them; starting new workers on the offered hosts (up to %g s, --elastic-timeout)",
-            commit,
-            self.elastic.elastic_timeout,
-        )
-        if self._short_since is None:
-            self._short_since = self._clock()
-        self._scale()
+        """Every worker is dead: start again, saying the state is lost, or end (`fleet_lost`)."""
+        self._apply(fleet_lost(self._view(), last.exit_code, self._clock()))
 
     def _host_failed(self, hostname: str, reason: str) -> None:
         update = self._tracker.host_failed(hostname, self._clock())
@@ -767,44 +769,65 @@ class Job:
         return [w for w in self._workers.values() if w.state.alive and w.process is not None]
 
     def _reform(self, why: str) -> None:
-        """Form the next epoch from the surviving members and the joiners waiting at the
-        rendezvous, if that makes at least --min-np; otherwise wait (elastic timeout)."""
-        assert self.elastic is not None
-        if self._finishing:
-            return
-        previous = self._rendezvous.members
-        handing_over = frozenset(
-            w for w in previous if self._workers[w].handing_over and self._workers[w].state.alive
+        """Ask for the next round. Requests made within `ROUND_BATCH` of the first (k deaths
+        seen at once, a death and a leave) are answered by one round."""
+        self._round_reasons.append(why)
+        if self._round_timer is None:
+            loop = asyncio.get_running_loop()
+            self._round_timer = loop.call_later(ROUND_BATCH, self._form_wanted_round)
+
+    def _form_wanted_round(self) -> None:
+        self._round_timer = None
+        reasons, self._round_reasons = self._round_reasons, []
+        self._apply(next_round(self._view(), summarize(reasons), self._clock()))
+
+    def _view(self) -> JobView:
+        return JobView(
+            phase=self._phase,
+            elastic=self.elastic,
+            workers=self._workers,
+            members=self._rendezvous.members,
+            waiting=self._rendezvous.waiting,
+            resets=self._resets,
+            short_since=self._short_since if self._phase is Phase.SHORT else None,
+            newest_commit=self._newest_commit,
+            commit_at_fleet_loss=self._commit_at_fleet_loss,
         )
-        survivors = [
-            w for w in previous if self._workers[w].state is WorkerState.MEMBER or w in handing_over
-        ]
-        waiting = self._rendezvous.waiting
-        joiners = [
-            w.worker_id
-            for w in self._workers.values()
-            if w.state is WorkerState.LAUNCHING and w.worker_id in waiting
-        ]
-        members = next_members(survivors, joiners, self.elastic.max_np, handing_over)
-        if len(members) < self.elastic.min_np:
-            if self._short_since is None:
-                self._short_since = self._clock()
-                log.warning(
-                    "%s: %d worker(s) left, fewer than --min-np %d; waiting up to %g s "
-                    "(--elastic-timeout) for more",
-                    why,
-                    len(members),
-                    self.elastic.min_np,
-                    self.elastic.elastic_timeout,
+
+    def _apply(self, decision: Decision) -> None:
+        """Carry out `decision`'s actions in order; keep and (--verbose) log its reason."""
+        if decision.reason:
+            self._decisions.append(
+                DecisionRecord(
+                    time=time.time(), round=self._rendezvous.epoch, reason=decision.reason
                 )
-            self._scale()
-            return
-        self._short_since = None
+            )
+            log.debug("decision: %s", decision.reason)
+        for action in decision.actions:
+            if isinstance(action, FormRound):
+                self._form_round(list(action.members), decision.reason)
+            elif isinstance(action, WaitForWorkers):
+                self._phase, self._short_since = Phase.SHORT, action.since
+            elif isinstance(action, FillSlots):
+                self._scale()
+            elif isinstance(action, Launch):
+                self._spawn(self._grow(list(action.places)))
+            elif isinstance(action, AskToLeave):
+                self._request_leave(self._workers[action.worker_id], action.why)
+            elif isinstance(action, Finish):
+                self._finish(action.code, action.message or None)
+            elif isinstance(action, Warn):
+                log.warning("%s", action.line)
+            elif isinstance(action, ShowProgress):
+                self._progress(action.line)
+            elif isinstance(action, RecordFleetLoss):
+                self._commit_at_fleet_loss = action.commit
+
+    def _form_round(self, members: list[str], why: str) -> None:
+        """Form the next round with `members` and tell the previous members about it."""
+        previous = self._rendezvous.members
+        self._phase, self._short_since = Phase.RUNNING, None
         self._resets += 1
-        limit = self.elastic.reset_limit
-        if limit is not None and self._resets > limit:
-            self._finish(1, f"reset limit reached: {limit} re-rendezvous (--reset-limit); {why}")
-            return
         epoch = self._rendezvous.form([(w, self._workers[w].hostname) for w in members])
         # Nobody can still use the keys of the epoch before the previous one: drop them.
         self._spawn(self._kv.delete_prefix(Rendezvous.epoch_prefix(epoch - 2)))
@@ -824,7 +847,7 @@ class Job:
         told = [self._workers[w] for w in previous if self._workers[w].state.alive]
         self._broadcast(update, told)
         log.info(
-            "epoch %d: %d worker(s) on %s (%s)",
+            "round %d: %d worker(s) on %s (%s)",
             epoch,
             len(members),
             _host_summary([self._workers[w] for w in members]),
@@ -836,22 +859,11 @@ class Job:
             self._saver.request()
 
     def _scale(self) -> int:
-        """Launch workers on free slots of usable hosts, up to --max-np workers that stay
-        (leaving ones still hold their slots but do not count); return how many."""
-        if self.elastic is None or self._finishing:
-            return 0
-        alive = self._alive()
-        occupied: dict[str, set[int]] = {}
-        for worker in alive:
-            occupied.setdefault(worker.hostname, set()).add(worker.host_slot)
-        staying = [w for w in alive if w.state is not WorkerState.LEAVING]
-        cap = self.elastic.max_np
-        wanted = (cap - len(staying)) if cap is not None else 1 << 30
+        """Launch workers on free slots of usable hosts (`fill_slots`); return how many."""
         hosts = [h for h in self._tracker.hosts if self._hosts.usable(h.hostname)]
-        places = free_slots(hosts, occupied, wanted)
-        if places:
-            self._spawn(self._grow(places))
-        return len(places)
+        decision = fill_slots(self._view(), hosts)
+        self._apply(decision)
+        return sum(len(a.places) for a in decision.actions if isinstance(a, Launch))
 
     async def _grow(self, places: list[tuple[str, int]]) -> None:
         unreachable = await self._hosts.check_reachable({h for h, _ in places}, fatal=False)
@@ -863,7 +875,7 @@ class Job:
                 w.hostname == hostname and w.host_slot == slot and w.state.alive
                 for w in self._workers.values()
             )
-            if hostname in unreachable or taken or self._finishing:
+            if hostname in unreachable or taken or not self._phase.forms_rounds:
                 continue
             worker = self._new_worker(hostname, slot)
             await self._start(worker)
@@ -951,12 +963,7 @@ class Job:
     def _hosts_changed(self, change: HostChange) -> None:
         """Discovery or a cooldown changed the usable hosts."""
         discovered = {h.hostname for h in self._tracker.discovered_hosts}
-        for hostname in change.removed:
-            if hostname in discovered:
-                continue  # in cooldown: its live workers stay, no new ones start there
-            for worker in list(self._workers.values()):
-                if worker.hostname == hostname and worker.state.alive:
-                    self._request_leave(worker, f"host {hostname} was removed by discovery")
+        self._apply(hosts_removed(self._view(), change.removed, discovered))
         if change.added:
             log.info("hosts available: %s", ", ".join(change.added))
         self._scale()
@@ -976,6 +983,15 @@ class Job:
         if worker.exit_code is None and worker.process is not None:
             worker.process.kill()
 
+    def _break_round(self, epoch: int, why: str) -> None:
+        """Tell every live worker that round `epoch` is broken, once per round: a worker
+        blocked in one of its collectives gives up at the first word (k deaths seen at
+        once cost N messages, not k times N)."""
+        if epoch in self._broken:
+            return
+        self._broken.add(epoch)
+        self._broadcast(EpochBroken(epoch, why), self._alive())
+
     def _broadcast(self, event: ControlEvent, workers: list[Worker]) -> None:
         """Send `event` to each of `workers`; one whose stream is closed now (reconnecting, or
         not yet found after a driver restart) gets it when its stream opens again: a worker
@@ -994,17 +1010,14 @@ class Job:
     def _on_wait(self, worker_id: str, after_epoch: int, commit: int) -> None:
         """A worker whose state holds `commit` commits waits for an epoch after `after_epoch`."""
         worker = self._workers.get(worker_id)
-        if worker is None or self.elastic is None or self._finishing:
+        if worker is None or self.elastic is None or not self._phase.forms_rounds:
             return
         self._note_commit(worker, commit)
         self._catch_up(after_epoch)
         if worker.state is WorkerState.LAUNCHING:
             if worker.waiting_since is None:
                 worker.waiting_since = self._clock()
-            launching = [w for w in self._workers.values() if w.state is WorkerState.LAUNCHING]
-            waiting = self._rendezvous.waiting
-            if all(w.worker_id in waiting for w in launching):
-                self._reform(f"{len(launching)} worker(s) joined")
+            self._apply(joiner_waiting(self._view(), self._clock()))
         elif worker.state is WorkerState.MEMBER and after_epoch >= self._rendezvous.epoch:
             # It saw its epoch fail before the driver saw a death: re-form after one
             # heartbeat interval unless the death shows up first and re-forms itself.
@@ -1015,21 +1028,23 @@ class Job:
         it and died before it could save it (etcd was down). Break that epoch and form a newer
         one from the workers this driver knows; those it does not know are refused (NOT_FOUND)
         when they call, and exit."""
-        if epoch <= self._rendezvous.epoch or self.elastic is None or self._finishing:
+        if epoch <= self._rendezvous.epoch or self.elastic is None:
+            return
+        if not self._phase.forms_rounds:
             return
         log.warning(
-            "a worker is in epoch %d, which the previous driver formed but never saved (this "
-            "driver resumed at epoch %d): re-forming",
+            "a worker is in round %d, which the previous driver formed but never saved (this "
+            "driver resumed at round %d): re-forming",
             epoch,
             self._rendezvous.epoch,
         )
         self._rendezvous.advance_to(epoch)
-        self._broadcast(EpochBroken(epoch, "the driver restarted"), self._alive())
-        self._reform(f"epoch {epoch} was never saved")
+        self._break_round(epoch, "the driver restarted")
+        self._reform(f"round {epoch} was never saved")
 
     async def _reform_if_still_waiting(self, epoch: int) -> None:
         await asyncio.sleep(self.settings.heartbeat_interval)
-        if self._rendezvous.epoch == epoch and not self._finishing:
+        if self._rendezvous.epoch == epoch and self._phase.forms_rounds:
             self._reform("a worker reported a failed collective")
 
     def _on_join(self, worker_id: str, epoch: int) -> None:
@@ -1111,42 +1126,7 @@ class Job:
                     self._not_joined(worker)
                 else:
                     self._declare_dead(worker, verdict.value)
-            self._form_with_ready_joiners(now)
-            if self.elastic is not None and self._short_since is not None:
-                waited = now - self._short_since
-                if waited > self.elastic.elastic_timeout:
-                    self._finish(
-                        1,
-                        f"fewer than --min-np {self.elastic.min_np} workers for "
-                        f"{self.elastic.elastic_timeout:g} s (--elastic-timeout)",
-                    )
-                else:
-                    self._progress(
-                        f"waiting for workers: {len(self._alive())} alive, --min-np "
-                        f"{self.elastic.min_np}, {self.elastic.elastic_timeout - waited:.0f} s "
-                        "left (--elastic-timeout)"
-                    )
-
-    def _form_with_ready_joiners(self, now: float) -> None:
-        """Re-form with the joiners that wait at the rendezvous once the first of them has
-        waited `JOIN_WINDOW` seconds, without those launched with them that are still
-        starting (one hung joiner must not hold the others back until it is timed out)."""
-        if self.elastic is None or self._finishing:
-            return
-        waiting = self._rendezvous.waiting
-        ready = [
-            w
-            for w in self._workers.values()
-            if w.state is WorkerState.LAUNCHING and w.worker_id in waiting
-        ]
-        staying = sum(1 for w in self._members() if w.state is WorkerState.MEMBER)
-        if self.elastic.max_np is not None and staying >= self.elastic.max_np:
-            return  # no room for them: they were launched for a slot that has been filled
-        if ready and now - min(w.waiting_since or now for w in ready) >= JOIN_WINDOW:
-            starting = sum(
-                1 for w in self._workers.values() if w.state is WorkerState.LAUNCHING
-            ) - len(ready)
-            self._reform(f"{len(ready)} worker(s) joined, {starting} still starting")
+            self._apply(tick(self._view(), now))
 
     def _declare_dead(self, worker: Worker, reason: str) -> None:
         worker.process.kill()
@@ -1226,6 +1206,7 @@ class Job:
             size=len(self._rendezvous.members),
             hosts=[HostStatus(hostname=h.hostname, slots=h.slots) for h in hosts],
             workers=workers,
+            decisions=list(self._decisions),
         )
 
 

@@ -146,9 +146,18 @@ class WorkerStatus(Strict):
     exit_code: int | None = None
 
 
+class DecisionRecord(Strict):
+    """One decision of the driver's re-forming policy, with its reason in words."""
+
+    time: float  # seconds since the Unix epoch
+    round: int  # the round that was current when the decision was taken
+    reason: str
+
+
 class JobStatus(Strict):
     job_id: str
     epoch: int
     size: int
     hosts: list[HostStatus]
     workers: list[WorkerStatus]
+    decisions: list[DecisionRecord] = []  # the newest last, at most 50

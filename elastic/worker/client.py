@@ -105,7 +105,7 @@ class DriverClient:
         if answer.status_code == 404:
             raise KeyNotFound(answer.json().get("detail", "not found"))
         if answer.status_code == 410:
-            raise EpochSuperseded(answer.json().get("detail", "epoch superseded"))
+            raise EpochSuperseded(answer.json().get("detail", "round superseded"))
         if answer.status_code >= 400:
             raise DriverError(f"driver refused {path}: {answer.status_code} {answer.text}")
         return response.model_validate_json(answer.content)
@@ -137,6 +137,6 @@ class DriverClient:
                 return answer
             if time.monotonic() >= deadline:
                 raise DriverError(
-                    f"no epoch after {after_epoch} with worker {worker_id} formed within "
+                    f"no round after {after_epoch} with worker {worker_id} formed within "
                     f"{timeout:g} s"
                 )

@@ -108,10 +108,10 @@ def _wait(work: dist.Work) -> None:
         except RuntimeError as err:
             if "timed out" not in str(err).lower():
                 first = str(err).splitlines()[0].split(". ")[0][:200]
-                raise WorkerLostError(f"a collective of epoch {ctx.epoch} failed: {first}") from err
+                raise WorkerLostError(f"a collective of round {ctx.epoch} failed: {first}") from err
         reason = ctx.events.broken(ctx.epoch)
         if reason is not None:
-            raise WorkerLostError(f"epoch {ctx.epoch} is broken: {reason}")
+            raise WorkerLostError(f"round {ctx.epoch} is broken: {reason}")
         if time.monotonic() > deadline:
             raise RuntimeError(
                 f"a collective did not complete within {ctx.timeout:g} s (--collective-timeout)"

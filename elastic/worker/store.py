@@ -68,7 +68,7 @@ class DriverStore(dist.Store):
             except KeyNotFound:
                 if time.monotonic() >= deadline:
                     raise TimeoutError(
-                        f"key {key!r} of epoch {self._epoch} not set within "
+                        f"key {key!r} of round {self._epoch} not set within "
                         f"{self._timeout.total_seconds():g} s"
                     ) from None
 
@@ -104,4 +104,4 @@ class DriverStore(dist.Store):
             if self._client.post("/v1/kv/wait", request, CheckResponse, wait=poll).ready:
                 return
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"keys {keys} of epoch {self._epoch} not set within {limit:g} s")
+                raise TimeoutError(f"keys {keys} of round {self._epoch} not set within {limit:g} s")

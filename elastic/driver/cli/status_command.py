@@ -21,7 +21,7 @@ PUBLIC = ("driver", "spec", "state", "result")  # every document but the lock an
 def build_parser() -> argparse.ArgumentParser:
     parser = FlagParser(
         prog="elasticrun status",
-        description="Show a job's state as saved in etcd: its driver, epoch, workers, result.",
+        description="Show a job's state as saved in etcd: its driver, round, workers, result.",
     )
     add_backend_flags(parser)
     parser.set_defaults(backend="etcd")
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def describe(job_id: str, documents: dict[str, bytes]) -> str:
-    """A few lines a person reads: who runs the job, its epoch and workers, how it ended."""
+    """A few lines a person reads: who runs the job, its round and workers, how it ended."""
     if "spec" not in documents:
         return f"job {job_id}: no such job"
     spec = JobSpec.model_validate_json(documents["spec"])
@@ -53,7 +53,7 @@ def describe(job_id: str, documents: dict[str, bytes]) -> str:
     state = JobState.model_validate_json(documents.get("state", b"{}"))
     ranks = {worker_id: rank for rank, worker_id in enumerate(state.members)}
     lines.append(
-        f"epoch {state.epoch}: {len(state.members)} worker(s); {state.resets} re-rendezvous"
+        f"round {state.epoch}: {len(state.members)} worker(s); {state.resets} re-rendezvous"
     )
     for worker in sorted(state.workers, key=lambda w: ranks.get(w.worker_id, 1 << 30)):
         rank = ranks.get(worker.worker_id)

@@ -61,7 +61,7 @@ async def _unless_superseded(svc: Services, epoch: int, wait: Awaitable[T]) -> T
         if not waiting.done():
             waiting.cancel()
     if not waiting.done() or waiting.cancelled():
-        raise HTTPException(410, f"epoch {epoch} was superseded by epoch {svc.rendezvous.epoch}")
+        raise HTTPException(410, f"round {epoch} was superseded by round {svc.rendezvous.epoch}")
     return waiting.result()
 
 
@@ -75,7 +75,7 @@ async def set_key(body: SetRequest, svc: ServicesDep) -> CheckResponse:
     "/get",
     responses={
         404: {"description": "the key was not set within the timeout"},
-        410: {"description": "a newer epoch formed: re-join"},
+        410: {"description": "a newer round formed: re-join"},
     },
 )
 async def get_key(body: GetRequest, svc: ServicesDep) -> ValueResponse:

@@ -1,0 +1,315 @@
+"""The re-forming policy: from a read-only view of the job, an event and the time, a decision.
+
+Pure: no I/O, no clock, no mutation of the view. `Job` gathers the view, asks one of the
+functions below, and carries the decision's actions out in order; the decision's reason goes
+to the log (`--verbose`) and to `/v1/status`, so a user reads the same sentence the tests
+assert on.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
+
+from elastic.driver.discovery.hosts import HostSpec
+from elastic.driver.policy.planning import free_slots, next_members
+from elastic.driver.settings import ElasticSettings
+from elastic.driver.workers import Worker, WorkerState
+
+JOIN_WINDOW = 3.0  # seconds ready joiners wait for those launched with them before a round
+
+
+class Phase(enum.Enum):
+    """Where the job is in its life. Only RUNNING and SHORT form rounds or launch workers."""
+
+    RUNNING = "running"  # training (or starting) with at least --min-np workers
+    SHORT = "short"  # fewer than --min-np workers: waiting up to --elastic-timeout for more
+    FINISHING = "finishing"  # training is over (a member finished): the rest end their part
+    ENDED = "ended"  # the job's result is set: every worker is being stopped
+    ABANDONED = "abandoned"  # another driver took the job over: its workers are left to it
+
+    @property
+    def forms_rounds(self) -> bool:
+        return self in (Phase.RUNNING, Phase.SHORT)
+
+
+# --- actions -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FormRound:
+    """Form the next round with `members`, in rank order, and tell the previous members."""
+
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WaitForWorkers:
+    """Enter the SHORT phase: fewer than --min-np workers since `since`."""
+
+    since: float
+
+
+@dataclass(frozen=True)
+class FillSlots:
+    """Launch workers on the free slots of usable hosts (see `fill_slots`)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start one worker on each (hostname, slot index) of `places`."""
+
+    places: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class AskToLeave:
+    """Ask worker `worker_id` to leave at its next commit, for `why`."""
+
+    worker_id: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    """End the job with exit `code`; `message` is its last line."""
+
+    code: int
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Warn:
+    """Tell the user `line` as a warning."""
+
+    line: str
+
+
+@dataclass(frozen=True)
+class ShowProgress:
+    """Tell the user `line` as a progress line (the caller limits how often)."""
+
+    line: str
+
+
+@dataclass(frozen=True)
+class RecordFleetLoss:
+    """Remember that every worker was lost at `commit`: the same loss again ends the job."""
+
+    commit: int
+
+
+Action = (
+    FormRound
+    | WaitForWorkers
+    | FillSlots
+    | Launch
+    | AskToLeave
+    | Finish
+    | Warn
+    | ShowProgress
+    | RecordFleetLoss
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do, in order, and why, in words a user reads in the log and the status."""
+
+    actions: tuple[Action, ...]
+    reason: str
+
+
+NOTHING = Decision((), "")
+
+
+# --- the view ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the policy may read. Workers are the driver's records: read, never written."""
+
+    phase: Phase
+    elastic: ElasticSettings | None  # None: a static job
+    workers: Mapping[str, Worker]  # every worker launched, by id, in launch order
+    members: Sequence[str]  # the current round's members, in rank order
+    waiting: Set[str]  # ids waiting at the rendezvous for the next round
+    resets: int  # rounds formed after the first
+    short_since: float | None  # when the job fell short of --min-np (SHORT phase)
+    newest_commit: int  # the newest commit count any worker reported
+    commit_at_fleet_loss: int | None  # newest commit when every worker was last lost
+
+    def launching(self) -> list[Worker]:
+        return [w for w in self.workers.values() if w.state is WorkerState.LAUNCHING]
+
+    def ready_joiners(self) -> list[Worker]:
+        """Launched workers, not yet members, that wait at the rendezvous."""
+        return [w for w in self.launching() if w.worker_id in self.waiting]
+
+    def staying_members(self) -> int:
+        return sum(1 for w in self.members if self.workers[w].state is WorkerState.MEMBER)
+
+
+# --- decisions ---------------------------------------------------------------------------
+
+
+def next_round(view: JobView, why: str, now: float) -> Decision:
+    """Form the next round from the surviving members (leavers still handing their state
+    over among them) and the joiners waiting at the rendezvous, capped at --max-np.
+
+    Fewer than --min-np: no round; the job waits (SHORT) and fills free slots. Past
+    --reset-limit: the job ends with 1."""
+    elastic = view.elastic
+    if elastic is None or not view.phase.forms_rounds:
+        return NOTHING
+    previous = view.members
+    handing_over = frozenset(
+        w for w in previous if view.workers[w].handing_over and view.workers[w].state.alive
+    )
+    survivors = [
+        w for w in previous if view.workers[w].state is WorkerState.MEMBER or w in handing_over
+    ]
+    joiners = [w.worker_id for w in view.ready_joiners()]
+    members = next_members(survivors, joiners, elastic.max_np, handing_over)
+    if len(members) < elastic.min_np:
+        reason = (
+            f"{why}: {len(members)} worker(s) left, fewer than --min-np {elastic.min_np}; "
+            f"waiting up to {elastic.elastic_timeout:g} s (--elastic-timeout) for more"
+        )
+        if view.short_since is not None:  # said so when the wait began
+            return Decision((FillSlots(),), reason)
+        return Decision((Warn(reason), WaitForWorkers(now), FillSlots()), reason)
+    limit = elastic.reset_limit
+    if limit is not None and view.resets + 1 > limit:
+        message = f"reset limit reached: {limit} re-rendezvous (--reset-limit); {why}"
+        return Decision((Finish(1, message),), message)
+    return Decision((FormRound(tuple(members)),), why)
+
+
+def joiner_waiting(view: JobView, now: float) -> Decision:
+    """A joiner waits at the rendezvous: form a round once every launched worker waits."""
+    launching = view.launching()
+    if launching and all(w.worker_id in view.waiting for w in launching):
+        return next_round(view, f"{len(launching)} worker(s) joined", now)
+    return NOTHING
+
+
+def tick(view: JobView, now: float) -> Decision:
+    """The periodic look at the job.
+
+    Ready joiners form a round once the first of them has waited `JOIN_WINDOW` seconds,
+    without those launched with them that are still starting (one hung joiner must not hold
+    the others back until it is timed out), unless --max-np members stay already. A job short
+    of --min-np for longer than --elastic-timeout ends with 1; until then it says how long
+    it still waits."""
+    elastic = view.elastic
+    if elastic is None or not view.phase.forms_rounds:
+        return NOTHING
+    if view.short_since is not None:
+        waited = now - view.short_since
+        if waited > elastic.elastic_timeout:
+            message = (
+                f"fewer than --min-np {elastic.min_np} workers for "
+                f"{elastic.elastic_timeout:g} s (--elastic-timeout)"
+            )
+            return Decision((Finish(1, message),), message)
+    ready = view.ready_joiners()
+    full = elastic.max_np is not None and view.staying_members() >= elastic.max_np
+    if ready and not full and now - min(w.waiting_since or now for w in ready) >= JOIN_WINDOW:
+        starting = len(view.launching()) - len(ready)
+        why = f"{len(ready)} worker(s) joined, {starting} still starting"
+        decision = next_round(view, why, now)
+        if any(isinstance(action, FormRound | Finish) for action in decision.actions):
+            return decision
+    if view.short_since is not None:
+        alive = sum(1 for w in view.workers.values() if w.state.alive and w.process is not None)
+        left = elastic.elastic_timeout - (now - view.short_since)
+        line = (
+            f"waiting for workers: {alive} alive, --min-np {elastic.min_np}, {left:.0f} s left "
+            "(--elastic-timeout)"
+        )
+        return Decision((ShowProgress(line),), "")
+    return NOTHING
+
+
+def job_end(view: JobView) -> Decision:
+    """Once no member of the current round is alive: 0 when none failed; in an elastic job
+    the last failure's code when some did (a static job has ended at its first failure)."""
+    members = [view.workers[w] for w in view.members]
+    if any(w.state.alive for w in members):
+        return NOTHING
+    failed = [w for w in members if w.state is WorkerState.FAILED]
+    if not failed:
+        return Decision((Finish(0),), "every member of the last round ended with 0")
+    if view.elastic is None:
+        return NOTHING
+    message = f"{len(failed)} of the {len(members)} worker(s) of the last round failed"
+    return Decision((Finish(failed[-1].exit_code or 1, message),), message)
+
+
+def fleet_lost(view: JobView, exit_code: int | None, now: float) -> Decision:
+    """Every worker died. If they committed since the job started (or since the fleet was
+    last lost), start again on the offered hosts within --elastic-timeout, saying that the
+    state is lost; otherwise (a script that fails before its first commit) end the job."""
+    elastic = view.elastic
+    assert elastic is not None
+    commit = view.newest_commit
+    if commit == 0 or commit == view.commit_at_fleet_loss:
+        since = "since the last such loss" if commit else "since the job started"
+        message = f"every worker of the job failed, with no commit {since}"
+        return Decision((Finish(exit_code or 1, message),), message)
+    reason = (
+        f"every worker of the job failed: its training state (commit {commit}) is lost with "
+        f"them; starting new workers on the offered hosts (up to {elastic.elastic_timeout:g} "
+        "s, --elastic-timeout)"
+    )
+    waiting = () if view.short_since is not None else (WaitForWorkers(now),)
+    return Decision((Warn(reason), RecordFleetLoss(commit), *waiting, FillSlots()), reason)
+
+
+def fill_slots(view: JobView, hosts: Sequence[HostSpec]) -> Decision:
+    """Launch workers on the free slots of `hosts` (offered, not in cooldown, resolvable), up
+    to --max-np workers that stay: leavers still hold their slots but do not count."""
+    elastic = view.elastic
+    if elastic is None or not view.phase.forms_rounds:
+        return NOTHING
+    alive = [w for w in view.workers.values() if w.state.alive and w.process is not None]
+    occupied: dict[str, set[int]] = {}
+    for worker in alive:
+        occupied.setdefault(worker.hostname, set()).add(worker.host_slot)
+    staying = sum(1 for w in alive if w.state is not WorkerState.LEAVING)
+    wanted = elastic.max_np - staying if elastic.max_np is not None else 1 << 30
+    places = free_slots(list(hosts), occupied, wanted)
+    if not places:
+        return NOTHING
+    return Decision((Launch(tuple(places)),), f"{len(places)} free slot(s) to fill")
+
+
+def hosts_removed(view: JobView, removed: Sequence[str], discovered: Set[str]) -> Decision:
+    """Workers on a host that discovery no longer offers leave the job (no rollback, no
+    cooldown); a host merely in cooldown (still `discovered`) keeps its live workers."""
+    actions = tuple(
+        AskToLeave(worker.worker_id, f"host {hostname} was removed by discovery")
+        for hostname in removed
+        if hostname not in discovered
+        for worker in view.workers.values()
+        if worker.hostname == hostname and worker.state.alive
+    )
+    if not actions:
+        return NOTHING
+    gone = ", ".join(h for h in removed if h not in discovered)
+    return Decision(actions, f"host(s) {gone} removed by discovery")
+
+
+REASONS_SHOWN = 3  # a round wanted for more reasons names this many and counts the rest
+
+
+def summarize(reasons: Sequence[str]) -> str:
+    """One line for the reasons a round was wanted for, in order, each once."""
+    distinct = list(dict.fromkeys(reasons))
+    if len(distinct) <= REASONS_SHOWN:
+        return "; ".join(distinct)
+    shown = "; ".join(distinct[: REASONS_SHOWN - 1])
+    return f"{shown}; and {len(distinct) - REASONS_SHOWN + 1} more"

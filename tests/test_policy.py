@@ -1,0 +1,311 @@
+"""The re-forming policy: pure decisions from a view of the job, an event and the time."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from elastic.driver.discovery.hosts import HostSpec
+from elastic.driver.policy.rounds import (
+    JOIN_WINDOW,
+    AskToLeave,
+    Decision,
+    FillSlots,
+    Finish,
+    FormRound,
+    JobView,
+    Launch,
+    Phase,
+    RecordFleetLoss,
+    ShowProgress,
+    WaitForWorkers,
+    Warn,
+    fill_slots,
+    fleet_lost,
+    hosts_removed,
+    job_end,
+    joiner_waiting,
+    next_round,
+    summarize,
+    tick,
+)
+from elastic.driver.settings import ElasticSettings
+from elastic.driver.workers import Worker, WorkerState
+
+STARTED = object()  # stands for a started process: the policy only asks whether there is one
+NOW = 1000.0
+ELASTIC = ElasticSettings(min_np=2, max_np=4, discovery_script=None, elastic_timeout=60.0)
+
+M, L, LV, F, X, S = (
+    WorkerState.MEMBER,
+    WorkerState.LAUNCHING,
+    WorkerState.LEAVING,
+    WorkerState.FAILED,
+    WorkerState.EXITED,
+    WorkerState.STOPPED,
+)
+
+
+def worker(worker_id: str, state: WorkerState, host: str = "a", slot: int = 0, **fields) -> Worker:
+    record = Worker(worker_id, host, slot, process=STARTED)  # type: ignore[arg-type]
+    record.state = state
+    for name, value in fields.items():
+        setattr(record, name, value)
+    return record
+
+
+def view(
+    *workers: Worker,
+    members: tuple[str, ...] = (),
+    waiting: frozenset[str] = frozenset(),
+    **fields,
+) -> JobView:
+    defaults = dict(
+        phase=Phase.RUNNING,
+        elastic=ELASTIC,
+        workers={w.worker_id: w for w in workers},
+        members=members,
+        waiting=waiting,
+        resets=0,
+        short_since=None,
+        newest_commit=0,
+        commit_at_fleet_loss=None,
+    )
+    defaults.update(fields)
+    return JobView(**defaults)  # type: ignore[arg-type]
+
+
+def formed(decision: Decision) -> tuple[str, ...] | None:
+    rounds = [a for a in decision.actions if isinstance(a, FormRound)]
+    return rounds[0].members if rounds else None
+
+
+def kinds(decision: Decision) -> list[type]:
+    return [type(action) for action in decision.actions]
+
+
+# --- the next round ----------------------------------------------------------------------
+
+THREE = (worker("r0", M), worker("r1", M, slot=1), worker("r2", M, slot=2))
+
+
+@pytest.mark.parametrize(
+    ("states", "waiting", "expected", "case"),
+    [
+        ((M, M, F), (), ("r0", "r1"), "a dead member is dropped, survivors keep their order"),
+        ((F, M, M), (), ("r1", "r2"), "the survivors close up in rank order"),
+        ((M, F, F), (), None, "fewer than --min-np 2: no round"),
+        ((M, M, M, L), ("j",), ("r0", "r1", "r2", "j"), "a waiting joiner is appended"),
+        ((M, M, M, L), (), ("r0", "r1", "r2"), "a joiner not yet waiting is not"),
+        ((M, M, M, L, L), ("j", "k"), ("r0", "r1", "r2", "j"), "--max-np 4 caps the joiners"),
+        ((M, F, F, L), ("j",), ("r0", "j"), "a joiner brings a short job back to --min-np"),
+        ((M, M, S), (), ("r0", "r1"), "a stopped member is dropped"),
+    ],
+)
+def test_the_next_round_takes_survivors_then_ready_joiners(states, waiting, expected, case):
+    ids = ["r0", "r1", "r2", "j", "k"][: len(states)]
+    workers = [worker(i, s, slot=n) for n, (i, s) in enumerate(zip(ids, states, strict=True))]
+    decision = next_round(
+        view(*workers, members=("r0", "r1", "r2"), waiting=frozenset(waiting)), "why", NOW
+    )
+    assert formed(decision) == expected, case
+
+
+def test_a_round_short_of_min_np_waits_says_why_once_and_fills_slots() -> None:
+    workers = (worker("r0", M), worker("r1", F, slot=1))
+    decision = next_round(view(*workers, members=("r0", "r1")), "rank 1 died", NOW)
+    assert kinds(decision) == [Warn, WaitForWorkers, FillSlots]
+    assert decision.actions[1] == WaitForWorkers(NOW)
+    assert decision.reason == (
+        "rank 1 died: 1 worker(s) left, fewer than --min-np 2; waiting up to 60 s "
+        "(--elastic-timeout) for more"
+    )
+    already = view(*workers, members=("r0", "r1"), phase=Phase.SHORT, short_since=NOW - 5)
+    assert kinds(next_round(already, "rank 1 died", NOW)) == [FillSlots]  # said before
+
+
+def test_a_leaver_handing_its_state_over_stays_a_member_beyond_max_np() -> None:
+    workers = [worker(f"r{n}", M, slot=n) for n in range(4)]
+    workers[0].state, workers[0].handing_over = LV, True
+    workers.append(worker("j", L, slot=4))
+    decision = next_round(
+        view(*workers, members=("r0", "r1", "r2", "r3"), waiting=frozenset({"j"})), "why", NOW
+    )
+    assert formed(decision) == ("r0", "r1", "r2", "r3", "j")
+
+
+def test_a_leaver_that_handed_over_is_not_in_the_next_round() -> None:
+    workers = (worker("r0", LV), worker("r1", M, slot=1), worker("r2", M, slot=2))
+    decision = next_round(view(*workers, members=("r0", "r1", "r2")), "r0 leaves", NOW)
+    assert formed(decision) == ("r1", "r2")
+
+
+def test_the_reset_limit_ends_the_job_with_its_reason() -> None:
+    limited = replace(ELASTIC, reset_limit=3)
+    workers = (worker("r0", M), worker("r1", M, slot=1), worker("r2", F, slot=2))
+    under = view(*workers, members=("r0", "r1", "r2"), elastic=limited, resets=2)
+    assert formed(next_round(under, "rank 2 died", NOW)) == ("r0", "r1")
+    decision = next_round(replace(under, resets=3), "rank 2 died", NOW)
+    assert decision.actions == (
+        Finish(1, "reset limit reached: 3 re-rendezvous (--reset-limit); rank 2 died"),
+    )
+
+
+@pytest.mark.parametrize("phase", [Phase.FINISHING, Phase.ENDED, Phase.ABANDONED])
+def test_no_round_once_the_job_ends(phase: Phase) -> None:
+    workers = (worker("r0", M), worker("r1", F, slot=1), worker("r2", M, slot=2))
+    decision = next_round(view(*workers, members=("r0", "r1", "r2"), phase=phase), "x", NOW)
+    assert decision.actions == ()
+
+
+def test_a_static_job_never_re_forms() -> None:
+    workers = (worker("r0", M), worker("r1", F, slot=1))
+    assert next_round(view(*workers, members=("r0", "r1"), elastic=None), "x", NOW).actions == ()
+
+
+# --- joiners -----------------------------------------------------------------------------
+
+
+def test_joiners_form_a_round_once_every_launched_worker_waits() -> None:
+    base = (worker("r0", M), worker("r1", M, slot=1), worker("j", L, slot=2), worker("k", L, 3))
+    one = view(*base, members=("r0", "r1"), waiting=frozenset({"j"}))
+    assert joiner_waiting(one, NOW).actions == ()
+    both = replace(one, waiting=frozenset({"j", "k"}))
+    decision = joiner_waiting(both, NOW)
+    assert formed(decision) == ("r0", "r1", "j", "k")
+    assert decision.reason == "2 worker(s) joined"
+
+
+def test_ready_joiners_go_without_a_hung_one_after_the_join_window() -> None:
+    ready = worker("j", L, slot=2, waiting_since=NOW)
+    hung = worker("k", L, slot=3)
+    job = view(
+        worker("r0", M), worker("r1", M, slot=1), ready, hung,
+        members=("r0", "r1"), waiting=frozenset({"j"}),
+    )  # fmt: skip
+    assert tick(job, NOW + JOIN_WINDOW - 0.01).actions == ()
+    decision = tick(job, NOW + JOIN_WINDOW)
+    assert formed(decision) == ("r0", "r1", "j")
+    assert decision.reason == "1 worker(s) joined, 1 still starting"
+
+
+def test_ready_joiners_wait_while_max_np_members_stay() -> None:
+    members = [worker(f"r{n}", M, slot=n) for n in range(4)]
+    job = view(
+        *members, worker("j", L, slot=4, waiting_since=NOW),
+        members=("r0", "r1", "r2", "r3"), waiting=frozenset({"j"}),
+    )  # fmt: skip
+    assert tick(job, NOW + 10).actions == ()
+
+
+# --- the elastic timeout -----------------------------------------------------------------
+
+
+def test_a_short_job_says_how_long_it_still_waits_then_ends_at_the_elastic_timeout() -> None:
+    job = view(
+        worker("r0", M), worker("r1", F, slot=1), members=("r0", "r1"),
+        phase=Phase.SHORT, short_since=NOW,
+    )  # fmt: skip
+    waiting = tick(job, NOW + 20)
+    assert waiting.actions == (
+        ShowProgress("waiting for workers: 1 alive, --min-np 2, 40 s left (--elastic-timeout)"),
+    )
+    assert tick(job, NOW + 60).actions == (
+        ShowProgress("waiting for workers: 1 alive, --min-np 2, 0 s left (--elastic-timeout)"),
+    )
+    ended = tick(job, NOW + 60.01)
+    assert ended.actions == (
+        Finish(1, "fewer than --min-np 2 workers for 60 s (--elastic-timeout)"),
+    )
+
+
+# --- the job's end -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("states", "elastic", "expected"),
+    [
+        ((M, X), ELASTIC, None),  # one still trains
+        ((X, X), ELASTIC, Finish(0)),
+        ((X, F), ELASTIC, Finish(9, "1 of the 2 worker(s) of the last round failed")),
+        ((F, F), ELASTIC, Finish(9, "2 of the 2 worker(s) of the last round failed")),
+        ((X, X), None, Finish(0)),
+        ((X, F), None, None),  # a static job ended at its first failure already
+    ],
+)
+def test_the_job_ends_when_no_member_of_the_last_round_is_alive(states, elastic, expected):
+    workers = [
+        worker(f"r{n}", s, slot=n, exit_code=9 if s is F else 0) for n, s in enumerate(states)
+    ]
+    decision = job_end(view(*workers, members=("r0", "r1"), elastic=elastic))
+    assert (decision.actions[0] if decision.actions else None) == expected
+
+
+def test_losing_every_worker_after_a_commit_starts_again_and_says_the_state_is_lost() -> None:
+    dead = (worker("r0", F, exit_code=-9), worker("r1", F, slot=1, exit_code=-9))
+    job = view(*dead, members=("r0", "r1"), newest_commit=7)
+    decision = fleet_lost(job, -9, NOW)
+    assert kinds(decision) == [Warn, RecordFleetLoss, WaitForWorkers, FillSlots]
+    assert decision.actions[1] == RecordFleetLoss(7)
+    assert "its training state (commit 7) is lost" in decision.reason
+
+
+@pytest.mark.parametrize(
+    ("commit", "lost_at", "since"),
+    [(0, None, "since the job started"), (7, 7, "since the last such loss")],
+)
+def test_losing_every_worker_without_a_new_commit_ends_the_job(commit, lost_at, since):
+    dead = (worker("r0", F), worker("r1", F, slot=1))
+    job = view(*dead, members=("r0", "r1"), newest_commit=commit, commit_at_fleet_loss=lost_at)
+    assert fleet_lost(job, 3, NOW).actions == (
+        Finish(3, f"every worker of the job failed, with no commit {since}"),
+    )
+
+
+# --- slots and hosts ---------------------------------------------------------------------
+
+HOSTS = [HostSpec("a", 2), HostSpec("b", 2)]
+
+
+@pytest.mark.parametrize(
+    ("workers", "elastic", "hosts", "expected"),
+    [
+        ((), ELASTIC, HOSTS, (("a", 0), ("a", 1), ("b", 0), ("b", 1))),
+        ((worker("r0", M),), ELASTIC, HOSTS, (("a", 1), ("b", 0), ("b", 1))),
+        ((worker("r0", F),), ELASTIC, HOSTS, (("a", 0), ("a", 1), ("b", 0), ("b", 1))),
+        # a leaver holds its slot but does not count against --max-np
+        ((worker("r0", LV), worker("r1", M, slot=1)), ELASTIC, HOSTS,
+         (("b", 0), ("b", 1), )),
+        ((worker("r0", M),), replace(ELASTIC, max_np=2), HOSTS, (("a", 1),)),
+        ((worker("r0", M),), replace(ELASTIC, max_np=None), [HostSpec("b", 1)], (("b", 0),)),
+        # a host in cooldown is not among the usable hosts the caller passes
+        ((worker("r0", M),), ELASTIC, [HostSpec("a", 2)], (("a", 1),)),
+    ],
+)  # fmt: skip
+def test_free_slots_are_filled_up_to_max_np(workers, elastic, hosts, expected) -> None:
+    decision = fill_slots(view(*workers, elastic=elastic), hosts)
+    assert decision.actions == ((Launch(expected),) if expected else ())
+
+
+def test_no_launch_once_the_job_ends_or_in_a_static_job() -> None:
+    assert fill_slots(view(phase=Phase.FINISHING), HOSTS).actions == ()
+    assert fill_slots(view(elastic=None), HOSTS).actions == ()
+
+
+def test_workers_on_a_removed_host_leave_and_those_in_cooldown_stay() -> None:
+    workers = (
+        worker("r0", M, host="a"), worker("r1", M, host="b"), worker("j", L, host="b", slot=1),
+        worker("old", F, host="b", slot=2), worker("c0", M, host="c"),
+    )  # fmt: skip
+    decision = hosts_removed(view(*workers), ["b", "c"], discovered={"a", "c"})
+    assert decision.actions == (
+        AskToLeave("r1", "host b was removed by discovery"),
+        AskToLeave("j", "host b was removed by discovery"),
+    )
+    assert decision.reason == "host(s) b removed by discovery"
+
+
+def test_reasons_for_one_round_are_said_once_each_and_counted_past_three() -> None:
+    assert summarize(["a died", "b died", "a died"]) == "a died; b died"
+    assert summarize([f"{n} died" for n in range(10)]) == "0 died; 1 died; and 8 more"
