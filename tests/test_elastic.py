@@ -72,6 +72,28 @@ def test_a_killed_worker_leaves_the_job_training_at_a_smaller_size(
     assert assert_exactly_once(tmp_path)["size"] == 2
 
 
+def test_workers_killed_at_once_cost_one_round_with_its_reasons(elasticrun, tmp_path: Path) -> None:
+    """Two of three workers SIGKILLed together: one new round, not two; `--verbose` logs the
+    decision with both reasons, and `/v1/status` lists it."""
+    status = tmp_path / "status.json"
+    job = elasticrun(
+        ["-np", "3", "--min-np", "1", "-H", "localhost:3", "--verbose",
+         "--blacklist-cooldown-range", "300", "300",
+         *job_args(tmp_path, "--status-file", str(status))]
+    )  # fmt: skip
+    pids = ranks_to_pids(job, 3)
+    job.wait_for(r"step 6 ")
+    for rank in (1, 2):
+        os.kill(pids[rank], signal.SIGKILL)
+    job.wait_for(r"elasticrun: round 2: 1 worker\(s\) on localhost:1", timeout=30)
+    assert job.finish(90) == 0, job.output
+    assert "elasticrun: round 3" not in job.output, "two deaths seen together cost two rounds"
+    both = r"rank [12] on host localhost was killed by signal SIGKILL.*; rank [12] on host"
+    assert re.search(rf"elasticrun: decision: {both}", job.output), job.output
+    decisions = json.loads(status.read_text())["decisions"]
+    assert any(re.match(both, d["reason"]) and d["round"] == 1 for d in decisions), decisions
+
+
 def test_a_hung_worker_is_declared_dead_and_killed(elasticrun, tmp_path: Path) -> None:
     job = elasticrun(
         ["-np", "3", "--min-np", "1", "-H", "localhost:3", "--heartbeat-interval", "0.5",

@@ -28,6 +28,7 @@ from elastic.driver.policy.rounds import (
     joiner_waiting,
     next_round,
     summarize,
+    survivors_not_waiting,
     tick,
 )
 from elastic.driver.settings import ElasticSettings
@@ -309,3 +310,12 @@ def test_workers_on_a_removed_host_leave_and_those_in_cooldown_stay() -> None:
 def test_reasons_for_one_round_are_said_once_each_and_counted_past_three() -> None:
     assert summarize(["a died", "b died", "a died"]) == "a died; b died"
     assert summarize([f"{n} died" for n in range(10)]) == "0 died; 1 died; and 8 more"
+
+
+def test_a_broken_round_waits_for_the_survivors_not_yet_at_the_rendezvous() -> None:
+    leaver = worker("r3", LV, slot=3, handing_over=True)
+    gone = worker("r4", LV, slot=4)
+    workers = (worker("r0", M), worker("r1", M, slot=1), worker("r2", F, slot=2), leaver, gone)
+    job = view(*workers, members=("r0", "r1", "r2", "r3", "r4"), waiting=frozenset({"r0"}))
+    assert survivors_not_waiting(job) == {"r1", "r3"}
+    assert survivors_not_waiting(replace(job, waiting=frozenset({"r0", "r1", "r3"}))) == set()

@@ -84,6 +84,7 @@ from elastic.driver.policy.rounds import (
     joiner_waiting,
     next_round,
     summarize,
+    survivors_not_waiting,
     tick,
 )
 from elastic.driver.rendezvous.rounds import Rendezvous
@@ -101,7 +102,8 @@ log = logging.getLogger("elasticrun")
 
 PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
 SERIAL_GAP = 1000  # worker numbers a restarted driver skips (see `_restore`)
-ROUND_BATCH = 0.005  # seconds a round waits for more deaths and joins seen at the same time
+ROUND_BATCH = 0.005  # seconds a round waits for more changes seen at the same time...
+ROUND_AFTER_DEATH = 0.25  # ...and after a death, at most, for every survivor to rejoin
 DECISIONS_KEPT = 50  # the newest decisions `/v1/status` shows
 MAX_UNDELIVERED = 16  # events kept for a worker whose stream is closed (the newest)
 
@@ -158,7 +160,9 @@ class Job:
         self._short_since: float | None = None  # when the SHORT phase began
         self._round_reasons: list[str] = []  # why a round is wanted, until it is formed
         self._round_timer: asyncio.TimerHandle | None = None
+        self._rejoin_awaited: set[str] | None = None  # survivors a wanted round waits for
         self._broken: set[int] = set()  # rounds every live worker was told are broken
+        self._failure_reported: set[int] = set()  # rounds a member said failed, unseen here
         self._decisions: deque[DecisionRecord] = deque(maxlen=DECISIONS_KEPT)
         self._last_progress = 0.0
         self._update_version = 0
@@ -742,7 +746,7 @@ class Job:
         epoch = self._rendezvous.epoch
         if was_member:
             self._break_round(epoch, f"{where} {reason}")
-            self._reform(f"{where} {reason}")
+            self._reform(f"{where} {reason}", broken=True)
         elif was_leaving:  # peers may still be in a collective of its last epoch with it
             self._break_round(epoch - 1, f"{where} {reason}")
         if not self._alive():
@@ -768,16 +772,36 @@ class Job:
     def _alive(self) -> list[Worker]:
         return [w for w in self._workers.values() if w.state.alive and w.process is not None]
 
-    def _reform(self, why: str) -> None:
-        """Ask for the next round. Requests made within `ROUND_BATCH` of the first (k deaths
-        seen at once, a death and a leave) are answered by one round."""
+    def _reform(self, why: str, broken: bool = False) -> None:
+        """Ask for the next round; every request made until it forms is answered by it.
+
+        It forms `ROUND_BATCH` after the first request; when the current round is `broken`
+        (a member died), once every survivor waits at the rendezvous to rejoin, or after
+        `ROUND_AFTER_DEATH`: it is of no use before, and k deaths seen meanwhile cost one
+        round, not k."""
         self._round_reasons.append(why)
         if self._round_timer is None:
             loop = asyncio.get_running_loop()
-            self._round_timer = loop.call_later(ROUND_BATCH, self._form_wanted_round)
+            delay = ROUND_AFTER_DEATH if broken else ROUND_BATCH
+            self._round_timer = loop.call_later(delay, self._form_wanted_round)
+            self._rejoin_awaited = survivors_not_waiting(self._view()) if broken else None
+        self._form_if_survivors_wait()
+
+    def _form_if_survivors_wait(self, waiting: str | None = None) -> None:
+        """Form the wanted round now if every survivor of the broken one waits (`waiting`
+        has just come to the rendezvous); dead ones are no longer awaited."""
+        awaited = self._rejoin_awaited
+        if awaited is None or self._round_timer is None:
+            return
+        awaited.discard(waiting)  # type: ignore[arg-type]
+        for worker_id in [w for w in awaited if not self._workers[w].state.alive]:
+            awaited.discard(worker_id)
+        if not awaited:
+            self._round_timer.cancel()
+            self._form_wanted_round()
 
     def _form_wanted_round(self) -> None:
-        self._round_timer = None
+        self._round_timer, self._rejoin_awaited = None, None
         reasons, self._round_reasons = self._round_reasons, []
         self._apply(next_round(self._view(), summarize(reasons), self._clock()))
 
@@ -1019,9 +1043,13 @@ class Job:
                 worker.waiting_since = self._clock()
             self._apply(joiner_waiting(self._view(), self._clock()))
         elif worker.state is WorkerState.MEMBER and after_epoch >= self._rendezvous.epoch:
-            # It saw its epoch fail before the driver saw a death: re-form after one
-            # heartbeat interval unless the death shows up first and re-forms itself.
-            self._spawn(self._reform_if_still_waiting(after_epoch))
+            if self._round_timer is not None:
+                self._form_if_survivors_wait(worker_id)
+            elif after_epoch not in self._failure_reported:
+                # It saw its round fail before the driver saw a death: re-form after one
+                # heartbeat interval unless the death shows up first and re-forms itself.
+                self._failure_reported.add(after_epoch)
+                self._spawn(self._reform_if_still_waiting(after_epoch))
 
     def _catch_up(self, epoch: int) -> None:
         """A worker is in `epoch`, newer than any this driver knows: an earlier driver formed
@@ -1040,12 +1068,12 @@ class Job:
         )
         self._rendezvous.advance_to(epoch)
         self._break_round(epoch, "the driver restarted")
-        self._reform(f"round {epoch} was never saved")
+        self._reform(f"round {epoch} was never saved", broken=True)
 
     async def _reform_if_still_waiting(self, epoch: int) -> None:
         await asyncio.sleep(self.settings.heartbeat_interval)
         if self._rendezvous.epoch == epoch and self._phase.forms_rounds:
-            self._reform("a worker reported a failed collective")
+            self._reform("a worker reported a failed collective", broken=True)
 
     def _on_join(self, worker_id: str, epoch: int) -> None:
         worker = self._workers.get(worker_id)

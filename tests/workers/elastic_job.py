@@ -18,6 +18,7 @@ import json
 import math
 import os
 import time
+import urllib.request
 from pathlib import Path
 
 import torch
@@ -42,6 +43,16 @@ def _wait_for_file(path: str | None, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+def _driver_status() -> str:
+    """The driver's `/v1/status` answer, as a user with the job's token would fetch it."""
+    request = urllib.request.Request(
+        os.environ["ELASTIC_DRIVER_URL"] + "/v1/status",
+        headers={"Authorization": f"Bearer {os.environ['ELASTIC_TOKEN']}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return answer.read().decode()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -56,6 +67,7 @@ def main() -> None:
     parser.add_argument("--hold-file", help="...until this file exists (a test's go-ahead)")
     parser.add_argument("--exit-delay", type=float, default=0.0, help="a slow atexit handler")
     parser.add_argument("--no-shutdown", action="store_true", help="never call hvd.shutdown()")
+    parser.add_argument("--status-file", help="rank 0 saves /v1/status here at the end")
     args = parser.parse_args()
 
     print(f"worker pid={os.getpid()}", flush=True)
@@ -114,6 +126,8 @@ def main() -> None:
     if hvd.rank() == 0:
         result = {"counts": model.counts.tolist(), "epochs": args.epochs, "size": hvd.size()}
         Path(args.out, "result.json").write_text(json.dumps(result))
+        if args.status_file:
+            Path(args.status_file).write_text(_driver_status())
     print(f"done size {hvd.size()} rank {hvd.rank()}", flush=True)
     if not args.no_shutdown:
         hvd.shutdown()

@@ -164,15 +164,11 @@ def next_round(view: JobView, why: str, now: float) -> Decision:
     elastic = view.elastic
     if elastic is None or not view.phase.forms_rounds:
         return NOTHING
-    previous = view.members
     handing_over = frozenset(
-        w for w in previous if view.workers[w].handing_over and view.workers[w].state.alive
+        w for w in view.members if view.workers[w].handing_over and view.workers[w].state.alive
     )
-    survivors = [
-        w for w in previous if view.workers[w].state is WorkerState.MEMBER or w in handing_over
-    ]
     joiners = [w.worker_id for w in view.ready_joiners()]
-    members = next_members(survivors, joiners, elastic.max_np, handing_over)
+    members = next_members(survivors(view), joiners, elastic.max_np, handing_over)
     if len(members) < elastic.min_np:
         reason = (
             f"{why}: {len(members)} worker(s) left, fewer than --min-np {elastic.min_np}; "
@@ -186,6 +182,24 @@ def next_round(view: JobView, why: str, now: float) -> Decision:
         message = f"reset limit reached: {limit} re-rendezvous (--reset-limit); {why}"
         return Decision((Finish(1, message),), message)
     return Decision((FormRound(tuple(members)),), why)
+
+
+def survivors(view: JobView) -> list[str]:
+    """The current round's members that go on into the next: members, and leavers still
+    handing their state over."""
+    return [
+        w
+        for w in view.members
+        if view.workers[w].state is WorkerState.MEMBER
+        or (view.workers[w].handing_over and view.workers[w].state.alive)
+    ]
+
+
+def survivors_not_waiting(view: JobView) -> set[str]:
+    """The survivors a broken round's successor waits for: it is of use only once every one
+    of them has come to the rendezvous, so forming it then costs no time, and deaths seen
+    meanwhile are taken into the same round."""
+    return {w for w in survivors(view) if w not in view.waiting}
 
 
 def joiner_waiting(view: JobView, now: float) -> Decision:

@@ -9,8 +9,9 @@ newer epoch supersedes every wait of the older ones.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from elastic.driver.changes import ChangeNotifier
 from elastic.driver.rendezvous.assignment import plan_slots
@@ -60,9 +61,10 @@ class Rendezvous:
         return self._slots.get(worker_id)
 
     @property
-    def waiting(self) -> dict[str, int]:
-        """Workers now waiting for a newer epoch, with the epoch each is leaving."""
-        return dict(self._waiting)
+    def waiting(self) -> Mapping[str, int]:
+        """Workers now waiting for a newer epoch, with the epoch each is leaving (a read-only
+        view that changes as they come and go: copy it to keep it)."""
+        return MappingProxyType(self._waiting)
 
     def form(self, members: list[tuple[str, str]]) -> int:
         """Form the next epoch from (worker_id, hostname) in rank order; return its number.
