@@ -131,15 +131,18 @@ def test_a_fresh_start_after_every_holder_died_is_said_in_one_line(
 ) -> None:
     hosts = tmp_path / "hosts"
     write_hosts(hosts, "localhost:1\n")
+    go = tmp_path / "go"  # the job cannot end before the joiner is seen, however slow it is
     job = elasticrun(
         ["--min-np", "1", "--heartbeat-interval", "0.2", "--blacklist-cooldown-range", "300",
-         "300", *discovery_args(), *job_args(tmp_path, epochs=3)],
+         "300", *discovery_args(),
+         *job_args(tmp_path, "--hold-at-step", "40", "--hold-file", str(go), epochs=3)],
         env={"ELASTIC_HOSTS_FILE": str(hosts)},
     )  # fmt: skip
     holder = ranks_to_pids(job, 1)[0]
     job.wait_for(r"step \d+ epoch 1 ", timeout=60)
     write_hosts(hosts, "localhost:1\n127.0.0.1:1\n")
     worker_pid(job, "127.0.0.1")  # the joiner starts; it holds nothing yet
+    go.touch()
     os.kill(holder, signal.SIGKILL)
     job.wait_for(r"training state lost: no worker of the job holds its newest commit", 60)
     assert job.finish(120) == 0, job.output

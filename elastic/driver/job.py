@@ -7,7 +7,6 @@ and the first failure ends it. An elastic job re-forms after every failure, join
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -19,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from elastic.driver.control.channels import ControlChannels
 from elastic.driver.control.events import ControlEvent, EpochBroken, HostsUpdated
 from elastic.driver.control.server import ControlServer
 from elastic.driver.discovery import (
@@ -32,11 +32,11 @@ from elastic.driver.discovery import (
 from elastic.driver.discovery.cooldown import Cooldown
 from elastic.driver.discovery.hosts import HostSpec, parse_host_list
 from elastic.driver.errors import LaunchError, UsageError
-from elastic.driver.journal.backend import BackendError, JobLocked, StateBackend
+from elastic.driver.journal.backend import StateBackend
+from elastic.driver.journal.journal import JobJournal
 from elastic.driver.journal.memory import MemoryBackend, MemoryKeyValueStore
 from elastic.driver.journal.record import (
     CooldownRecord,
-    JobResult,
     JobSecret,
     JobSpec,
     JobState,
@@ -44,15 +44,11 @@ from elastic.driver.journal.record import (
 from elastic.driver.journal.resume import (
     ADOPT_GRACE,
     default_log_root,
-    describe_holder,
-    holder_alive,
-    holder_description,
     settings_document,
     settings_from,
     worker_from,
     worker_record,
 )
-from elastic.driver.journal.saver import StateSaver
 from elastic.driver.launch.base import WorkerSpec
 from elastic.driver.launch.detached import (
     AdoptedProcess,
@@ -105,7 +101,6 @@ SERIAL_GAP = 1000  # worker numbers a restarted driver skips (see `_restore`)
 ROUND_BATCH = 0.005  # seconds a round waits for more changes seen at the same time...
 ROUND_AFTER_DEATH = 0.25  # ...and after a death, at most, for every survivor to rejoin
 DECISIONS_KEPT = 50  # the newest decisions `/v1/status` shows
-MAX_UNDELIVERED = 16  # events kept for a worker whose stream is closed (the newest)
 
 
 def describe_exit(worker: Worker) -> str:
@@ -143,16 +138,20 @@ class Job:
         ones when the job is taken up after a driver restart)."""
         self.job_id = settings.backend.job_id or uuid.uuid4().hex[:12]
         self._driver_id = uuid.uuid4().hex
-        self._backend = backend if backend is not None else MemoryBackend()
+        self._journal = JobJournal(
+            backend if backend is not None else MemoryBackend(),
+            self.job_id,
+            self._driver_id,
+            settings.backend.grace,
+            self._lost_job,
+        )
         self._token = secrets.token_urlsafe(32)
         self._log_root = default_log_root(self.job_id)
         self._clock = clock
         self._kv = MemoryKeyValueStore()
         self._rendezvous = Rendezvous(on_wait=self._on_wait, on_join=self._on_join)
         self._workers: dict[str, Worker] = {}
-        self._queues: dict[str, asyncio.Queue[ControlEvent]] = {}
-        self._undelivered: dict[str, list[ControlEvent]] = {}  # for workers with no stream
-        self._saver: StateSaver | None = None
+        self._channels = ControlChannels()
         self._tls: TlsIdentity | None = None
         self._phase = Phase.RUNNING
         self._serial = 0
@@ -203,13 +202,12 @@ class Job:
 
     async def run(self) -> int:
         self._result = asyncio.get_running_loop().create_future()
-        documents = await self._claim()
+        documents = await self._journal.claim()
         try:
             return await self._run(documents)
         finally:
             await self._record_result()
-            await self._backend.release()
-            await self._backend.close()
+            await self._journal.close()
 
     async def _run(self, documents: dict[str, bytes]) -> int:
         assert self._result is not None
@@ -225,7 +223,7 @@ class Job:
             self._kv,
             self._rendezvous,
             self.status,
-            durable=self._durable,
+            durable=self._journal.flush,
             newest_commit=lambda: self._newest_commit,
         )
         self._tls = self._tls or self._tls_identity(address)
@@ -275,30 +273,6 @@ class Job:
 
     # --- the job's durable state -----------------------------------------------------------
 
-    async def _claim(self) -> dict[str, bytes]:
-        """Take the job in the backend and return what an earlier driver saved of it."""
-        try:
-            await self._backend.claim(
-                self.job_id, holder_description(self._driver_id), holder_alive, self._lost_job
-            )
-            documents = await self._backend.load()
-        except JobLocked as err:
-            raise LaunchError(
-                f"job {self.job_id} is already run by {describe_holder(str(err))}; "
-                "one job takes one driver (if that driver died, its claim expires within "
-                "10 s)"
-            ) from None
-        except BackendError as err:
-            raise LaunchError(f"cannot reach the state backend: {err}") from None
-        if "result" in documents:
-            await self._backend.release()
-            ended = JobResult.model_validate_json(documents["result"])
-            raise LaunchError(
-                f"job {self.job_id} already ended with exit code {ended.code}"
-                + (f": {ended.message}" if ended.message else "")
-            )
-        return documents
-
     def _lost_job(self) -> None:
         self._phase = Phase.ABANDONED
         self._finish(
@@ -308,12 +282,11 @@ class Job:
         )
 
     async def _publish(self, new: bool) -> None:
-        """Save the job's spec (new job) and this driver's address; start the saver.
+        """Publish this driver's address (and a new job's spec) in the journal.
 
         With TLS the address carries this driver's certificate and its MAC under the job
         token, so workers of an earlier driver pin it (a restarted driver's certificate is
-        new). No private key is saved; the secret document (rewritten, which also drops a
-        key an older version saved there) holds the token alone."""
+        new). No private key is saved."""
         cert = self._tls.cert_pem if self._tls is not None else None
         address = DriverAddress(
             driver_id=self._driver_id,
@@ -324,10 +297,7 @@ class Job:
             tls_cert=cert.decode() if cert is not None else None,
             tls_cert_mac=certificate_mac(self._token, cert) if cert is not None else None,
         )
-        documents = {
-            "driver": address.model_dump_json().encode(),
-            "secret": JobSecret(token=self._token).model_dump_json().encode(),
-        }
+        spec = None
         if new:
             spec = JobSpec(
                 job_id=self.job_id,
@@ -335,22 +305,7 @@ class Job:
                 settings=settings_document(self.settings),
                 log_root=self._log_root,
             )
-            documents["spec"] = spec.model_dump_json().encode()
-            documents["state"] = self._snapshot()
-        try:
-            await self._backend.save(documents, expiring=frozenset({"driver"}))
-        except BackendError as err:
-            raise LaunchError(f"cannot save the job in the state backend: {err}") from None
-        if self._backend.durable:
-            self._saver = StateSaver(
-                self._backend, self._snapshot, self.settings.backend.grace, self._lost_job
-            )
-            self._spawn(self._saver.run())
-
-    async def _durable(self) -> None:
-        """Wait (briefly) until the state the workers are about to be told is saved."""
-        if self._saver is not None:
-            await self._saver.flush()
+        await self._journal.publish(address, self._token, spec, self._snapshot, self._spawn)
 
     def _snapshot(self) -> bytes:
         ended = [w for w in self._workers.values() if not w.state.alive]
@@ -449,11 +404,9 @@ class Job:
         """Save how the job ended (not when this driver merely lost it)."""
         if self._phase is Phase.ABANDONED or self._result is None or not self._result.done():
             return
-        result = JobResult(code=self._result.result(), message=self._end_message, ended=time.time())
-        with contextlib.suppress(BackendError):
-            await self._backend.save(
-                {"state": self._snapshot(), "result": result.model_dump_json().encode()}
-            )
+        await self._journal.record_result(
+            self._result.result(), self._end_message, self._snapshot()
+        )
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coroutine)
@@ -648,7 +601,7 @@ class Job:
     async def _await_exit(self, worker: Worker) -> None:
         code = await worker.process.wait()
         worker.exit_code = code
-        self._undelivered.pop(worker.worker_id, None)
+        self._channels.forget(worker.worker_id)
         if worker.state is WorkerState.STOPPED or not worker.state.alive:
             return
         if worker.state is WorkerState.LEAVING and not worker.handing_over:
@@ -879,8 +832,7 @@ class Job:
         )
 
     def _save_soon(self) -> None:
-        if self._saver is not None:
-            self._saver.request()
+        self._journal.save_soon()
 
     def _scale(self) -> int:
         """Launch workers on free slots of usable hosts (`fill_slots`); return how many."""
@@ -1017,17 +969,7 @@ class Job:
         self._broadcast(EpochBroken(epoch, why), self._alive())
 
     def _broadcast(self, event: ControlEvent, workers: list[Worker]) -> None:
-        """Send `event` to each of `workers`; one whose stream is closed now (reconnecting, or
-        not yet found after a driver restart) gets it when its stream opens again: a worker
-        blocked in a collective of a broken epoch learns only from this message."""
-        for worker in workers:
-            queue = self._queues.get(worker.worker_id)
-            if queue is not None:
-                queue.put_nowait(event)
-            else:
-                kept = self._undelivered.setdefault(worker.worker_id, [])
-                kept.append(event)
-                del kept[:-MAX_UNDELIVERED]
+        self._channels.send(event, [w.worker_id for w in workers])
 
     # --- inputs from the rendezvous and the control service ------------------------------
 
@@ -1122,16 +1064,11 @@ class Job:
         if worker is None or not worker.state.alive:
             return None
         worker.stream_closed_at = None
-        queue: asyncio.Queue[ControlEvent] = asyncio.Queue()
-        for event in self._undelivered.pop(worker_id, []):
-            queue.put_nowait(event)
-        self._queues[worker_id] = queue
-        return queue
+        return self._channels.open(worker_id)
 
     def stream_closed(self, worker_id: str, queue: asyncio.Queue[ControlEvent]) -> None:
-        if self._queues.get(worker_id) is not queue:
+        if not self._channels.close(worker_id, queue):
             return  # an older stream of a worker that has reconnected since
-        del self._queues[worker_id]
         worker = self._workers.get(worker_id)
         if worker is not None and worker.state.alive:
             worker.stream_closed_at = self._clock()
