@@ -3,12 +3,14 @@ duration flag goes through."""
 
 import math
 
+from elastic.errors import ElasticError
 
-class UsageError(Exception):
+
+class UsageError(ElasticError):
     """Bad input from the user: flags, host lists, hostfiles. `elasticrun` exits 2."""
 
 
-class LaunchError(Exception):
+class LaunchError(ElasticError):
     """The job could not start or had to stop: unreachable host, start timeout. Exit 1."""
 
 

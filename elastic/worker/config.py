@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from elastic.errors import ElasticError
 from elastic.protocol import env
 from elastic.protocol.etcd import EtcdOptions, parse_endpoints
 
 
-class NotLaunchedError(RuntimeError):
+class NotLaunchedError(ElasticError, RuntimeError):
     """The process was not started by `elasticrun`: the driver's address or token is missing."""
 
 

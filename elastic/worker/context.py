@@ -13,11 +13,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from elastic.errors import ElasticError
 from elastic.protocol.http import SlotInfo
 from elastic.worker.membership import MembershipEvents
 
 
-class NotInitializedError(RuntimeError):
+class NotInitializedError(ElasticError, RuntimeError):
     """Raised by every collective and query called before `init()` or after `shutdown()`."""
 
     def __init__(self, what: str = "this call") -> None:
