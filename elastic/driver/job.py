@@ -493,47 +493,28 @@ class Job:
         return worker
 
     def _worker_env(self, worker: Worker) -> dict[str, str]:
-        values: dict[str, object] = {
-            worker_env.HOSTNAME: worker.hostname,
-            worker_env.WORKER_ID: worker.worker_id,
-            worker_env.DRIVER_URL: self._driver_url,
-            worker_env.CONTROL_ADDRESS: self._control_address,
-            worker_env.JOB_ID: self.job_id,
-            worker_env.START_TIMEOUT: self.settings.start_timeout,
-            **({worker_env.ELASTIC_TIMEOUT: self.elastic.elastic_timeout} if self.elastic else {}),
-            worker_env.COLLECTIVE_TIMEOUT: self.settings.collective_timeout,
-            worker_env.ELASTIC: int(self.elastic is not None),
-            worker_env.TOKEN: self._token,
-            **({worker_env.TLS_CERT: self._tls.cert_pem.decode()} if self._tls else {}),
+        environment = worker_env.WorkerEnvironment(
+            driver_url=self._driver_url,
+            control_address=self._control_address,
+            token=self._token,
+            worker_id=worker.worker_id,
+            hostname=worker.hostname,
+            job_id=self.job_id,
+            elastic=self.elastic is not None,
+            start_timeout=self.settings.start_timeout,
+            collective_timeout=self.settings.collective_timeout,
+            **({"elastic_timeout": self.elastic.elastic_timeout} if self.elastic else {}),
+            tls_cert=self._tls.cert_pem if self._tls else None,
+            etcd=self.settings.backend.etcd,  # workers find a restarted driver through etcd
+            driver_wait=self.settings.backend.driver_wait,
+            slot=self._rendezvous.slot_of(worker.worker_id),  # its first epoch formed already
+        )
+        return {
+            **os.environ,
+            **environment.to_env(),
             "PYTHONUNBUFFERED": "1",
             "GRPC_VERBOSITY": os.environ.get("GRPC_VERBOSITY", "ERROR"),
         }
-        etcd = self.settings.backend.etcd
-        if etcd is not None:  # workers find a restarted driver through etcd
-            optional = {
-                worker_env.ETCD_CA_CERT: etcd.ca_cert,
-                worker_env.ETCD_CERT: etcd.cert,
-                worker_env.ETCD_KEY: etcd.key,
-                worker_env.ETCD_USER: etcd.user,
-                worker_env.ETCD_PASSWORD: etcd.password,
-            }
-            values.update({name: value for name, value in optional.items() if value})
-            values[worker_env.ETCD_ENDPOINTS] = ",".join(f"{h}:{p}" for h, p in etcd.endpoints)
-            values[worker_env.ETCD_PREFIX] = etcd.prefix
-            values[worker_env.DRIVER_WAIT] = self.settings.backend.driver_wait
-        slot = self._rendezvous.slot_of(worker.worker_id)
-        if slot is not None:  # the epoch it starts in is already formed
-            values.update(
-                {
-                    worker_env.RANK: slot.rank,
-                    worker_env.SIZE: slot.size,
-                    worker_env.LOCAL_RANK: slot.local_rank,
-                    worker_env.LOCAL_SIZE: slot.local_size,
-                    worker_env.CROSS_RANK: slot.cross_rank,
-                    worker_env.CROSS_SIZE: slot.cross_size,
-                }
-            )
-        return {**os.environ, **{k: str(v) for k, v in values.items()}}
 
     def _label(self, worker: Worker) -> Callable[[], str]:
         """The output tag of `worker`: its rank now, else the last rank it had, else its id."""

@@ -1,12 +1,34 @@
-"""The launcher's settings, validated, as the rest of the driver sees them."""
+"""The launcher's settings, validated, as the rest of the driver sees them.
+
+Each class checks its values when it is built (by the CLI, by a restarted driver from the saved
+job, by a benchmark) and raises `SettingsError` naming the flag of the first bad one. What
+needs the world (files, hosts, the discovery script) is checked by the CLI.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-from elastic.driver.discovery.hosts import HostSpec
+from elastic.driver.discovery.cooldown import validate_cooldown_range
+from elastic.driver.discovery.hosts import MAX_SLOTS_PER_HOST, HostSpec
+from elastic.driver.errors import SettingsError, seconds
 from elastic.driver.launch.ssh import SshOptions
+from elastic.protocol.env import ETCD_PASSWORD
 from elastic.protocol.etcd import EtcdOptions
+
+MAX_NP = 65_536
+"""The most workers a job may ask for (-np, --min-np, --max-np)."""
+
+_JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def _count(value: int | None, flag: str, most: int) -> None:
+    """Raise `SettingsError` unless `value` (a worker or slot count) is None or 1 to `most`."""
+    if value is not None and value < 1:
+        raise SettingsError(f"{flag} must be at least 1, got {value}")
+    if value is not None and value > most:
+        raise SettingsError(f"{flag} must be at most {most}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -23,6 +45,23 @@ class ElasticSettings:
     reset_limit: int | None = None
     cooldown_range: tuple[float, float] = (5.0, 300.0)
 
+    def __post_init__(self) -> None:
+        """Raise `SettingsError` for a count out of range, a duration that is not a finite
+        number of seconds, a bad cooldown range, or a --max-np below --min-np."""
+        _count(self.min_np, "--min-np", MAX_NP)
+        _count(self.max_np, "--max-np", MAX_NP)
+        _count(self.slots_per_host, "--slots-per-host", MAX_SLOTS_PER_HOST)
+        seconds(self.elastic_timeout, "--elastic-timeout")
+        seconds(self.discovery_interval, "--discovery-interval")
+        seconds(self.discovery_timeout, "--discovery-timeout")
+        for value in self.cooldown_range:
+            seconds(value, "--blacklist-cooldown-range", zero=True)
+        validate_cooldown_range(*self.cooldown_range)
+        if self.max_np is not None and self.max_np < self.min_np:
+            raise SettingsError(f"--max-np {self.max_np} is less than --min-np {self.min_np}")
+        if self.reset_limit is not None and self.reset_limit < 0:
+            raise SettingsError(f"--reset-limit must be 0 or more, got {self.reset_limit}")
+
 
 @dataclass(frozen=True)
 class BackendSettings:
@@ -32,6 +71,23 @@ class BackendSettings:
     job_id: str | None = None  # None: a new job with a fresh id
     grace: float = 60.0  # seconds of etcd outage before the driver says so loudly
     driver_wait: float = 300.0  # seconds workers wait for a restarted driver
+
+    def __post_init__(self) -> None:
+        """Raise `SettingsError` for a job id that is not 1-64 letters, digits, '.', '_' or
+        '-', a duration out of range, or etcd options that do not fit together."""
+        if self.job_id is not None and not _JOB_ID.fullmatch(self.job_id):
+            raise SettingsError(
+                f"--job-id {self.job_id!r}: use 1-64 letters, digits, '.', '_' or '-'"
+            )
+        etcd = self.etcd
+        if etcd is not None and (etcd.cert is None) != (etcd.key is None):
+            raise SettingsError("--etcd-cert and --etcd-key go together")
+        if etcd is not None and etcd.user is not None and not etcd.password:
+            raise SettingsError(f"--etcd-user needs the password in ${ETCD_PASSWORD}")
+        if etcd is not None and not etcd.prefix.startswith("/"):
+            raise SettingsError(f"--etcd-prefix must start with '/', got {etcd.prefix!r}")
+        seconds(self.grace, "--etcd-grace")
+        seconds(self.driver_wait, "--driver-wait")
 
     @property
     def durable(self) -> bool:
@@ -56,3 +112,25 @@ class Settings:
     tls_key: str | None = None
     elastic: ElasticSettings | None = None
     backend: BackendSettings = field(default_factory=BackendSettings)
+
+    def __post_init__(self) -> None:
+        """Raise `SettingsError` for no command, no -np outside elastic mode, a count or
+        duration out of range, an -np outside --min-np..--max-np, or half a TLS identity."""
+        if not self.command:
+            raise SettingsError("no command given: elasticrun -np N [options] COMMAND [ARGS...]")
+        _count(self.np, "-np", MAX_NP)
+        seconds(self.start_timeout, "--start-timeout")
+        seconds(self.collective_timeout, "--collective-timeout")
+        seconds(self.stop_grace, "--stop-grace")
+        seconds(self.heartbeat_interval, "--heartbeat-interval")
+        if self.ssh.port is not None and not 0 < self.ssh.port < 65536:
+            raise SettingsError(f"--ssh-port must be 1-65535, got {self.ssh.port}")
+        elastic = self.elastic
+        if self.np is None and elastic is None:
+            raise SettingsError("-np is required (or give --min-np / --host-discovery-script)")
+        if elastic is not None and self.np is not None:  # both counts are in range by now
+            low, high = elastic.min_np, elastic.max_np or self.np
+            if not low <= self.np <= high:
+                raise SettingsError(f"-np {self.np} must lie between --min-np and --max-np")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise SettingsError("--tls-cert and --tls-key go together")

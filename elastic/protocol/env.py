@@ -1,8 +1,22 @@
-"""Environment variables the driver sets for every worker process.
+"""The environment the driver gives every worker process: the variables' names and
+`WorkerEnvironment`, the only code that writes them (the driver, `to_env`) and reads them (the
+worker, `from_env`).
 
-They are documented in the README ("Worker environment"); the worker runtime reads them in
-`elastic.worker.config`.
+They are documented in the README ("Worker environment"). The secret (`TOKEN`) is in the
+environment of local children and read from ssh's stdin on remote hosts, never on a command
+line.
 """
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from elastic.errors import ElasticError
+from elastic.protocol.etcd import EtcdConfigError, EtcdOptions, parse_endpoints
+from elastic.protocol.http import SlotInfo
 
 HOSTNAME = "ELASTIC_HOSTNAME"
 RANK = "ELASTIC_RANK"
@@ -31,8 +45,161 @@ ETCD_KEY = "ELASTIC_ETCD_KEY"
 ETCD_USER = "ELASTIC_ETCD_USER"
 ETCD_PASSWORD = "ELASTIC_ETCD_PASSWORD"  # also how the user gives it to elasticrun
 DRIVER_WAIT = "ELASTIC_DRIVER_WAIT"
-# The secret: in the environment of local children, read from ssh's stdin on remote hosts.
-# Never on a command line.
-TOKEN = "ELASTIC_TOKEN"
+TOKEN = "ELASTIC_TOKEN"  # the job's secret
 
 AUTH_SCHEME = "Bearer"
+
+
+class NotLaunchedError(ElasticError, RuntimeError):
+    """The process was not started by `elasticrun`: the driver's address or token is missing."""
+
+
+class WorkerEnvironmentError(ElasticError, ValueError):
+    """A worker variable is set but unusable: a number that does not parse, an etcd endpoint
+    that is not host:port, a slot given in part. The message names the variable."""
+
+
+@dataclass(frozen=True)
+class WorkerEnvironment:
+    """What the driver tells a worker process through its environment.
+
+    The defaults here are the only ones: a variable that is unset (or empty) takes its field's
+    default. `WorkerEnvironment.from_env(w.to_env()) == w` for every `w` whose strings are not
+    empty, but for two parts that are not sent: `etcd.call_timeout` (the worker's own) and
+    `slot.hostname` (always `hostname`).
+    """
+
+    driver_url: str
+    control_address: str  # host:port of the gRPC control service
+    token: str = field(repr=False)  # the job's secret: never in a log line or traceback
+    worker_id: str  # stable across epochs
+    hostname: str  # the host name as given in -H, the hostfile or discovery
+    job_id: str = ""
+    elastic: bool = False
+    start_timeout: float = 30.0  # seconds
+    collective_timeout: float = 1800.0  # seconds one collective may take
+    elastic_timeout: float = 600.0  # seconds the driver may wait for enough workers
+    tls_cert: bytes | None = None  # the driver's certificate (PEM), pinned (TLS)
+    etcd: EtcdOptions | None = None  # where a restarted driver publishes its address
+    driver_wait: float = 300.0  # seconds to keep trying to reach a restarted driver (etcd)
+    slot: SlotInfo | None = None  # the worker's slot, when its first epoch formed before launch
+
+    def to_env(self) -> dict[str, str]:
+        """The variables that describe this environment; a None or empty option sets none."""
+        values = {name: write(getattr(self, attribute)) for attribute, name, write, _ in _SCALARS}
+        if self.etcd is not None:
+            values[ETCD_ENDPOINTS] = ",".join(f"{h}:{p}" for h, p in self.etcd.endpoints)
+            values.update({name: getattr(self.etcd, key) or None for key, name in _ETCD})
+        if self.slot is not None:
+            values.update({name: str(getattr(self.slot, key)) for key, name in _SLOT})
+        return {name: value for name, value in values.items() if value is not None}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Self:
+        """Read the variables `to_env` writes from `environ`.
+
+        Raises `NotLaunchedError` when the driver's address, the token, the worker's id or
+        its host is missing (the process was not started by `elasticrun`), and
+        `WorkerEnvironmentError` naming the variable when a value cannot be used.
+        """
+        missing = [name for name in _REQUIRED if not environ.get(name)]
+        if missing:
+            raise NotLaunchedError(
+                "elastic.torch.init(): this process was not started by elasticrun "
+                f"({', '.join(missing)} not set); run it as `elasticrun -np N python script.py`"
+            )
+        given = {
+            attribute: _parsed(environ, name, read)
+            for attribute, name, _, read in _SCALARS
+            if environ.get(name)
+        }
+        return cls(**given, etcd=_etcd_from(environ), slot=_slot_from(environ, given["hostname"]))
+
+
+_REQUIRED = (DRIVER_URL, CONTROL_ADDRESS, TOKEN, WORKER_ID, HOSTNAME)
+"""What `WorkerEnvironment.from_env` cannot do without."""
+
+
+def _write_flag(value: bool) -> str:
+    return "1" if value else "0"
+
+
+def _read_flag(text: str) -> bool:
+    return text == "1"
+
+
+def _write_pem(value: bytes | None) -> str | None:
+    return None if value is None else value.decode()
+
+
+def _read_pem(text: str) -> bytes:
+    return text.encode(errors="surrogateescape")
+
+
+_SCALARS: tuple[tuple[str, str, Callable[[Any], str | None], Callable[[str], Any]], ...] = (
+    ("driver_url", DRIVER_URL, str, str),
+    ("control_address", CONTROL_ADDRESS, str, str),
+    ("token", TOKEN, str, str),
+    ("worker_id", WORKER_ID, str, str),
+    ("hostname", HOSTNAME, str, str),
+    ("job_id", JOB_ID, str, str),
+    ("elastic", ELASTIC, _write_flag, _read_flag),
+    ("start_timeout", START_TIMEOUT, str, float),
+    ("collective_timeout", COLLECTIVE_TIMEOUT, str, float),
+    ("elastic_timeout", ELASTIC_TIMEOUT, str, float),
+    ("tls_cert", TLS_CERT, _write_pem, _read_pem),
+    ("driver_wait", DRIVER_WAIT, str, float),
+)
+"""(field, variable, how it is written, how it is read) of each plain `WorkerEnvironment`
+field. Only the numbers' readers raise `ValueError`."""
+_ETCD = (
+    ("prefix", ETCD_PREFIX),
+    ("ca_cert", ETCD_CA_CERT),
+    ("cert", ETCD_CERT),
+    ("key", ETCD_KEY),
+    ("user", ETCD_USER),
+    ("password", ETCD_PASSWORD),
+)
+"""(field, variable) of the `EtcdOptions` sent besides the endpoints."""
+_SLOT = (
+    ("rank", RANK),
+    ("size", SIZE),
+    ("local_rank", LOCAL_RANK),
+    ("local_size", LOCAL_SIZE),
+    ("cross_rank", CROSS_RANK),
+    ("cross_size", CROSS_SIZE),
+)
+"""(field, variable) of the `SlotInfo` sent, its hostname aside."""
+
+
+def _parsed(
+    environ: Mapping[str, str], name: str, read: Callable[[str], Any], what: str = "a number"
+) -> Any:
+    text = environ[name]
+    try:
+        return read(text)
+    except ValueError:
+        raise WorkerEnvironmentError(f"{name}={text!r} is not {what}") from None
+
+
+def _etcd_from(environ: Mapping[str, str]) -> EtcdOptions | None:
+    endpoints = environ.get(ETCD_ENDPOINTS)
+    if not endpoints:
+        return None
+    try:
+        parsed = parse_endpoints(endpoints)
+    except EtcdConfigError as err:
+        raise WorkerEnvironmentError(f"{ETCD_ENDPOINTS}: {err}") from None
+    given = {attribute: environ[name] for attribute, name in _ETCD if environ.get(name)}
+    return EtcdOptions(endpoints=parsed, **given)
+
+
+def _slot_from(environ: Mapping[str, str], hostname: str) -> SlotInfo | None:
+    given = [name for _, name in _SLOT if environ.get(name)]
+    if not given:
+        return None
+    if len(given) < len(_SLOT):
+        missing = ", ".join(name for _, name in _SLOT if name not in given)
+        raise WorkerEnvironmentError(f"{', '.join(given)} set without {missing}")
+    numbers = {attr: _parsed(environ, name, int, "a whole number") for attr, name in _SLOT}
+    return SlotInfo(hostname=hostname, **numbers)

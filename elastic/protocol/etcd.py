@@ -23,12 +23,14 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from elastic.errors import ElasticError
+
 DEFAULT_PREFIX = "/elasticrun"
 KEY_NAMES = ("lock", "driver", "spec", "secret", "state", "result")
 _MAC_LABEL = b"elasticrun driver certificate\0"  # the token is also a bearer secret: a label
 
 
-class EtcdConfigError(ValueError):
+class EtcdConfigError(ElasticError, ValueError):
     """The etcd options are malformed (an endpoint that is not host:port, a missing file)."""
 
 
@@ -102,7 +104,7 @@ def connect(options: EtcdOptions):  # noqa: ANN201 - pyetcd has no type hints
     )
 
 
-class CertificateNotAuthentic(ValueError):
+class CertificateNotAuthentic(ElasticError, ValueError):
     """A certificate published in etcd whose MAC does not verify with the job token."""
 
 

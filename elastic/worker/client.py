@@ -9,6 +9,7 @@ from typing import TypeVar
 import httpx
 from pydantic import BaseModel
 
+from elastic.errors import ElasticError
 from elastic.protocol.http import JoinRequest, JoinResponse
 from elastic.worker.locator import DriverLocator
 from elastic.worker.retries import bounded_retries
@@ -17,7 +18,7 @@ from elastic.worker.transport import http_client
 Response = TypeVar("Response", bound=BaseModel)
 
 
-class DriverError(RuntimeError):
+class DriverError(ElasticError, RuntimeError):
     """The driver refused a request (4xx) or stayed unreachable past the retry budget."""
 
 

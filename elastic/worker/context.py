@@ -13,11 +13,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from elastic.errors import ElasticError
 from elastic.protocol.http import SlotInfo
+from elastic.worker.client import DriverClient
+from elastic.worker.config import WorkerConfig
+from elastic.worker.control import ControlClient
 from elastic.worker.membership import MembershipEvents
 
 
-class NotInitializedError(RuntimeError):
+class NotInitializedError(ElasticError, RuntimeError):
     """Raised by every collective and query called before `init()` or after `shutdown()`."""
 
     def __init__(self, what: str = "this call") -> None:
@@ -30,7 +34,8 @@ class NotInitializedError(RuntimeError):
 class WorkerContext:
     """What one formed epoch gives a worker: its slot, the group and the device it uses.
 
-    `events` is the process's one `MembershipEvents`, carried from epoch to epoch.
+        `events` is the process's one `MembershipEvents`, carried from epoch to epoch; `config`,
+    `client` and `control` are carried the same way.
     """
 
     slot: SlotInfo
@@ -39,7 +44,11 @@ class WorkerContext:
     device: torch.device
     events: MembershipEvents = field(default_factory=MembershipEvents)
     timeout: float = 1800.0  # seconds a collective may take (--collective-timeout)
-    resources: list[Any] = field(default_factory=list)
+    # How the worker talks to its driver: set by `init()`, None in a context made by hand
+    # (in-process tests that form a group without a driver).
+    config: WorkerConfig | None = None  # the environment elasticrun set
+    client: DriverClient | None = None  # HTTP: the rendezvous and the key-value store
+    control: ControlClient | None = None  # gRPC: registration, heartbeats, events, leaving
     on_commit: Callable[[int], None] | None = None  # told each state commit's count
     job_commit: int = 0  # the newest commit count the driver knew of when this epoch formed
 

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from elastic.errors import ElasticError
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
 from elastic.protocol.env import AUTH_SCHEME
@@ -64,7 +65,7 @@ EXIT_NOTICE_FOR = 2.0  # seconds an exiting worker spends telling the driver, at
 STREAM_BACKOFF_MAX = 2.0  # seconds between attempts to reopen the event stream, at most
 
 
-class ControlError(RuntimeError):
+class ControlError(ElasticError, RuntimeError):
     """The driver refused a control call, or stayed unreachable past the retry budget."""
 
 

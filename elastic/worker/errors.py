@@ -1,13 +1,16 @@
 """The two exceptions that drive the elastic run loop (`hvd.elastic.run`).
 
-Both derive from `RuntimeError`, as Horovod's do, so that code catching `RuntimeError` around
-a training step keeps working; the run loop catches them by their own types.
+Both derive from `ElasticError` and, as Horovod's do, from `RuntimeError`, so that code
+catching `RuntimeError` around a training step keeps working; the run loop catches them by
+their own types.
 """
 
 from __future__ import annotations
 
+from elastic.errors import ElasticError
 
-class WorkerLostError(RuntimeError):
+
+class WorkerLostError(ElasticError, RuntimeError):
     """A collective failed because a peer died or the epoch was declared broken.
 
     The run loop reacts by restoring the last commit (`state.restore()`), re-joining the
@@ -16,7 +19,7 @@ class WorkerLostError(RuntimeError):
     """
 
 
-class HostsUpdatedInterrupt(RuntimeError):
+class HostsUpdatedInterrupt(ElasticError, RuntimeError):
     """The job's membership changes: raised by `State.commit()` on every rank at the same step.
 
     Nothing was lost, so the run loop does not restore; it re-joins the rendezvous and, unless

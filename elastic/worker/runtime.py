@@ -98,7 +98,8 @@ def leave_on_sigterm() -> None:
     cooled down. Works at any point of the worker's life, a re-form included. Only from the
     main thread (elsewhere it does nothing)."""
     ctx = context.current("hvd.elastic.run")
-    _leave_on_sigterm(ctx.events, ctx.resources[2])
+    assert ctx.control is not None, "init() gives every context its control client"
+    _leave_on_sigterm(ctx.events, ctx.control)
 
 
 def _leave_on_sigterm(events: MembershipEvents, control: ControlClient) -> None:
@@ -161,7 +162,9 @@ def _enter_next_epoch(
                 device=device,
                 events=events,
                 timeout=config.collective_timeout,
-                resources=[config, client, control],
+                config=config,
+                client=client,
+                control=control,
                 on_commit=control.set_commit,
                 job_commit=answer.job_commit,
             )
@@ -178,7 +181,8 @@ def rejoin() -> None:
     job), `DriverError` when no epoch with it forms within the start timeout.
     """
     ctx = context.current("hvd.elastic reset")
-    config, client, control = ctx.resources
+    config, client, control = ctx.config, ctx.client, ctx.control
+    assert config is not None and client is not None and control is not None, "set by init()"
     abandon_group()
     context.activate(None)
     try:
@@ -193,10 +197,10 @@ def shutdown() -> None:
     if not context.is_initialized():
         return
     ctx = context.current()
-    _, client, control = ctx.resources
     if dist.is_initialized():
         dist.destroy_process_group()
-    _close(control, client)
+    if ctx.control is not None and ctx.client is not None:  # none in a context made by hand
+        _close(ctx.control, ctx.client)
     context.activate(None)
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from typing import NoReturn
 
-from elastic.driver.errors import UsageError, seconds
+from elastic.driver.errors import UsageError
 from elastic.driver.settings import BackendSettings
 from elastic.protocol import env as worker_env
 from elastic.protocol.etcd import DEFAULT_PREFIX, EtcdConfigError, EtcdOptions, parse_endpoints
@@ -76,11 +75,10 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-_JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
-
-
 def etcd_options(args: argparse.Namespace) -> EtcdOptions | None:
-    """The etcd options given, or None when the backend is memory; raises `UsageError`."""
+    """The etcd options given, or None when the backend is memory; raises `UsageError` for
+    flags that need --backend etcd, missing endpoints or files, endpoints that do not parse.
+    `BackendSettings` checks the rest."""
     flags = ("etcd_endpoints", "etcd_ca_cert", "etcd_cert", "etcd_key", "etcd_user")
     if args.backend != "etcd":
         for flag in flags:
@@ -89,17 +87,11 @@ def etcd_options(args: argparse.Namespace) -> EtcdOptions | None:
         return None
     if not args.etcd_endpoints:
         raise UsageError("--backend etcd needs --etcd-endpoints HOST:PORT[,HOST:PORT...]")
-    if (args.etcd_cert is None) != (args.etcd_key is None):
-        raise UsageError("--etcd-cert and --etcd-key go together")
     for flag in ("etcd_ca_cert", "etcd_cert", "etcd_key"):
         path = getattr(args, flag)
         if path is not None and not os.path.isfile(path):
             raise UsageError(f"--{flag.replace('_', '-')}: no such file {path}")
     password = os.environ.get(worker_env.ETCD_PASSWORD)
-    if args.etcd_user is not None and not password:
-        raise UsageError(f"--etcd-user needs the password in ${worker_env.ETCD_PASSWORD}")
-    if not args.etcd_prefix.startswith("/"):
-        raise UsageError(f"--etcd-prefix must start with '/', got {args.etcd_prefix!r}")
     try:
         endpoints = parse_endpoints(args.etcd_endpoints)
     except EtcdConfigError as err:
@@ -116,11 +108,10 @@ def etcd_options(args: argparse.Namespace) -> EtcdOptions | None:
 
 
 def backend_settings(args: argparse.Namespace) -> BackendSettings:
-    if args.job_id is not None and not _JOB_ID.fullmatch(args.job_id):
-        raise UsageError(f"--job-id {args.job_id!r}: use 1-64 letters, digits, '.', '_' or '-'")
+    """The backend flags as `BackendSettings`, which check their values (`SettingsError`)."""
     return BackendSettings(
         etcd=etcd_options(args),
         job_id=args.job_id,
-        grace=seconds(args.etcd_grace, "--etcd-grace"),
-        driver_wait=seconds(args.driver_wait, "--driver-wait"),
+        grace=args.etcd_grace,
+        driver_wait=args.driver_wait,
     )

@@ -13,26 +13,17 @@ import tempfile
 from elastic.driver.cli.backend_flags import FlagParser, add_backend_flags, backend_settings
 from elastic.driver.cli.status_command import status_main
 from elastic.driver.discovery import DiscoveryError, ScriptDiscovery
-from elastic.driver.discovery.cooldown import validate_cooldown_range
-from elastic.driver.discovery.hosts import (
-    MAX_SLOTS_PER_HOST,
-    HostSpec,
-    parse_host_list,
-    read_hostfile,
-)
-from elastic.driver.errors import LaunchError, UsageError, seconds
+from elastic.driver.discovery.hosts import HostSpec, parse_host_list, read_hostfile
+from elastic.driver.errors import LaunchError, UsageError
 from elastic.driver.job import Job
 from elastic.driver.journal.backend import StateBackend
 from elastic.driver.journal.etcd import EtcdBackend
 from elastic.driver.journal.memory import MemoryBackend
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.server.tls import TlsIdentity
-from elastic.driver.settings import BackendSettings, ElasticSettings, Settings
+from elastic.driver.settings import MAX_NP, BackendSettings, ElasticSettings, Settings
 
 log = logging.getLogger("elasticrun")
-
-MAX_NP = 65_536
-"""The most workers a job may ask for (-np, --min-np, --max-np)."""
 
 EXAMPLES = """\
 examples:
@@ -196,16 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_settings(argv: list[str]) -> Settings:
-    """Turn the command line into `Settings`; raise `UsageError` with one clear line."""
+    """Turn the command line into `Settings`; raise `UsageError` with one clear line.
+
+    The settings check their own values (`SettingsError`, a `UsageError`); what needs the
+    world (the discovery script, key and certificate files) is checked after them, and the
+    output folder is made last, once everything else is good."""
     args = build_parser().parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        raise UsageError("no command given: elasticrun -np N [options] COMMAND [ARGS...]")
-    _check_counts(args)
-    _check_durations(args)
     elastic = _elastic_settings(args)
-    if args.np is None and elastic is None:
-        raise UsageError("-np is required (or give --min-np / --host-discovery-script)")
     if elastic is not None and elastic.discovery_script and (args.hosts or args.hostfile):
         raise UsageError("--host-discovery-script cannot be combined with -H or --hostfile")
     hosts: list[HostSpec]
@@ -216,18 +205,7 @@ def parse_settings(argv: list[str]) -> Settings:
     else:
         default = args.np or (elastic.max_np if elastic and elastic.max_np else None) or 1
         hosts = [HostSpec("localhost", max(default, elastic.min_np if elastic else 1))]
-    if args.ssh_identity_file and not os.path.isfile(args.ssh_identity_file):
-        raise UsageError(f"--ssh-identity-file: no such file {args.ssh_identity_file}")
-    if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
-        raise UsageError(f"--ssh-port must be 1-65535, got {args.ssh_port}")
-    backend = backend_settings(args)
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise UsageError("--tls-cert and --tls-key go together")
-    if args.tls_cert is not None:
-        TlsIdentity.load(args.tls_cert, args.tls_key)  # one clear line now, not at launch
-    if args.output_filename is not None:  # last: every other flag is good, so it is wanted
-        prepare_output_dir(args.output_filename)
-    return Settings(
+    settings = Settings(
         np=args.np,
         hosts=hosts,
         command=command,
@@ -244,48 +222,23 @@ def parse_settings(argv: list[str]) -> Settings:
         collective_timeout=args.collective_timeout,
         heartbeat_interval=args.heartbeat_interval,
         elastic=elastic,
-        backend=backend,
+        backend=backend_settings(args),
         tls=args.tls or args.tls_cert is not None,
         tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else None,
         tls_key=os.path.abspath(args.tls_key) if args.tls_key else None,
     )
-
-
-def _check_counts(args: argparse.Namespace) -> None:
-    """Raise `UsageError` unless every worker and slot count given is 1 to its maximum."""
-    for flag, value, most in (
-        ("-np", args.np, MAX_NP),
-        ("--min-np", args.min_np, MAX_NP),
-        ("--max-np", args.max_np, MAX_NP),
-        ("--slots-per-host", args.slots_per_host, MAX_SLOTS_PER_HOST),
-    ):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
-        if value is not None and value > most:
-            raise UsageError(f"{flag} must be at most {most}, got {value}")
-
-
-_DURATIONS = (
-    "start_timeout",
-    "collective_timeout",
-    "stop_grace",
-    "heartbeat_interval",
-    "elastic_timeout",
-    "discovery_interval",
-    "discovery_timeout",
-)
-"""The flags (argparse names) that give a number of seconds above 0; the cooldown range may
-also be 0."""
-
-
-def _check_durations(args: argparse.Namespace) -> None:
-    """Raise `UsageError` for the first flag whose seconds are not finite, in range (see
-    `seconds`): elastic ones too where they do not apply, since the value is a mistake either
-    way. The backend's flags are checked by `backend_settings`."""
-    for name in _DURATIONS:
-        seconds(getattr(args, name), "--" + name.replace("_", "-"))
-    for value in args.blacklist_cooldown_range:
-        seconds(value, "--blacklist-cooldown-range", zero=True)
+    if elastic is not None and elastic.discovery_script is not None:
+        try:
+            ScriptDiscovery(elastic.discovery_script, 1.0).check()
+        except DiscoveryError as err:
+            raise UsageError(f"--host-discovery-script: {err}") from None
+    if args.ssh_identity_file and not os.path.isfile(args.ssh_identity_file):
+        raise UsageError(f"--ssh-identity-file: no such file {args.ssh_identity_file}")
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        TlsIdentity.load(settings.tls_cert, settings.tls_key)  # one clear line now, not at launch
+    if settings.output_dir is not None:  # last: every other flag is good, so it is wanted
+        prepare_output_dir(settings.output_dir)
+    return settings
 
 
 def prepare_output_dir(path: str) -> None:
@@ -304,36 +257,28 @@ def prepare_output_dir(path: str) -> None:
 
 
 def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
-    if args.host_discovery_script is None and args.min_np is None:
+    """The elastic flags as `ElasticSettings`, or None outside elastic mode. Their values are
+    checked either way: a bad --elastic-timeout is a mistake even where it does not apply."""
+    elastic = args.host_discovery_script is not None or args.min_np is not None
+    if not elastic:
         for flag in ("max_np", "slots_per_host", "reset_limit"):
             if getattr(args, flag) is not None:
                 name = "--" + flag.replace("_", "-")
                 raise UsageError(f"{name} needs elastic mode (--min-np or --host-discovery-script)")
-        return None
-    min_np = args.min_np if args.min_np is not None else (args.np or 1)
-    if args.max_np is not None and args.max_np < min_np:
-        raise UsageError(f"--max-np {args.max_np} is less than --min-np {min_np}")
-    if args.np is not None and not min_np <= args.np <= (args.max_np or args.np):
-        raise UsageError(f"-np {args.np} must lie between --min-np and --max-np")
-    if args.reset_limit is not None and args.reset_limit < 0:
-        raise UsageError(f"--reset-limit must be 0 or more, got {args.reset_limit}")
-    script = args.host_discovery_script
-    if script is not None:
-        try:
-            ScriptDiscovery(script, 1.0).check()
-        except DiscoveryError as err:
-            raise UsageError(f"--host-discovery-script: {err}") from None
-    return ElasticSettings(
-        min_np=min_np,
+    low, high = args.blacklist_cooldown_range
+    settings = ElasticSettings(
+        # -np by default, when it is a count at all (`Settings` reports a bad -np by its name)
+        min_np=args.min_np if args.min_np is not None else min(max(args.np or 1, 1), MAX_NP),
         max_np=args.max_np,
-        discovery_script=script,
+        discovery_script=args.host_discovery_script,
         slots_per_host=args.slots_per_host,
         discovery_interval=args.discovery_interval,
         discovery_timeout=args.discovery_timeout,
         elastic_timeout=args.elastic_timeout,
         reset_limit=args.reset_limit,
-        cooldown_range=validate_cooldown_range(*args.blacklist_cooldown_range),
+        cooldown_range=(low, high),
     )
+    return settings if elastic else None
 
 
 def make_backend(settings: BackendSettings) -> StateBackend:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from elastic.driver.discovery.hosts import HostSpec
+from elastic.errors import ElasticError
 
 
-class DiscoveryError(Exception):
+class DiscoveryError(ElasticError):
     """Discovery could not produce a host list this time. `str(err)` is one line naming the
     problem (which script, which output line, what it printed to stderr, ...)."""
 

@@ -26,7 +26,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from elastic.driver.errors import UsageError
+from elastic.driver.errors import SettingsError
 
 JITTER = 0.2
 """Relative jitter: a delay lies within this fraction of its base, either way."""
@@ -37,17 +37,17 @@ _SEED_WHEN_LOW_IS_ZERO = 1.0
 def validate_cooldown_range(low: float, high: float) -> tuple[float, float]:
     """Check the `--blacklist-cooldown-range MIN MAX` values; return them as `(low, high)`.
 
-    Raises `UsageError` (one line, naming the flag) when a value is not a finite number,
+    Raises `SettingsError` (one line, naming the flag) when a value is not a finite number,
     when MIN < 0, or when MAX < MIN.
     """
     flag = "--blacklist-cooldown-range"
     for value in (low, high):
         if not math.isfinite(value):
-            raise UsageError(f"{flag}: {value} is not a number of seconds")
+            raise SettingsError(f"{flag}: {value} is not a number of seconds")
     if low < 0:
-        raise UsageError(f"{flag}: MIN must be 0 or more, got {low:g}")
+        raise SettingsError(f"{flag}: MIN must be 0 or more, got {low:g}")
     if high < low:
-        raise UsageError(f"{flag}: MAX ({high:g}) must not be less than MIN ({low:g})")
+        raise SettingsError(f"{flag}: MAX ({high:g}) must not be less than MIN ({low:g})")
     return float(low), float(high)
 
 

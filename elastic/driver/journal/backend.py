@@ -10,16 +10,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+from elastic.errors import ElasticError
 
-class BackendError(RuntimeError):
+
+class BackendError(ElasticError):
     """The backend stayed unreachable for the retry budget of one call."""
 
 
-class JobLocked(RuntimeError):
+class JobLocked(ElasticError):
     """Another live driver holds the job."""
 
 
-class ClaimLost(RuntimeError):
+class ClaimLost(ElasticError):
     """This driver no longer holds the job (its lease expired; another driver may run it)."""
 
 

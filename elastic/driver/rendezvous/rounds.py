@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 from elastic.driver.changes import ChangeNotifier
 from elastic.driver.rendezvous.assignment import plan_slots
+from elastic.errors import ElasticError
 from elastic.protocol.http import SlotInfo
 
 WaitListener = Callable[[str, int, int], None]
@@ -27,7 +28,7 @@ class Joined:
     slot: SlotInfo
 
 
-class NotMember(Exception):
+class NotMemberError(ElasticError):
     """The worker was excluded from the job: it must leave (exit 0)."""
 
 
@@ -95,7 +96,7 @@ class Rendezvous:
         self._changes.notify()
 
     def close(self) -> None:
-        """The job is ending: every later join (and every waiting one) answers `NotMember`."""
+        """The job is ending: every later join (and every waiting one) answers `NotMemberError`."""
         self._closed = True
         self._changes.notify()
 
@@ -105,7 +106,7 @@ class Rendezvous:
         """The worker's slot in the first epoch newer than `after_epoch` that includes it
         (`commit`: how many commits the worker's state holds, for `on_wait`).
 
-        Returns None if none formed within `timeout`; raises `NotMember` if the worker was
+        Returns None if none formed within `timeout`; raises `NotMemberError` if the worker was
         excluded.
         """
 
@@ -126,7 +127,7 @@ class Rendezvous:
             finally:
                 self._waiting.pop(worker_id, None)
         if self._closed or worker_id in self._excluded:
-            raise NotMember(worker_id)
+            raise NotMemberError(worker_id)
         if self._on_join is not None:
             self._on_join(worker_id, self.epoch)
         return Joined(self.epoch, self._slots[worker_id])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from elastic.driver.rendezvous.rounds import NotMember
+from elastic.driver.rendezvous.rounds import NotMemberError
 from elastic.driver.server.auth import ServicesDep
 from elastic.protocol.http import JoinRequest, JoinResponse
 
@@ -18,7 +18,7 @@ async def join(body: JoinRequest, svc: ServicesDep) -> JoinResponse:
         joined = await svc.rendezvous.join(
             body.worker_id, body.after_epoch, body.timeout, body.commit
         )
-    except NotMember:
+    except NotMemberError:
         return JoinResponse(status="not_member")
     if joined is None:
         return JoinResponse(status="pending")

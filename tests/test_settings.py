@@ -1,0 +1,138 @@
+"""`Settings` checks its own values wherever it is built (the CLI, a restarted driver reading
+the saved job, a benchmark), with the messages `elasticrun` prints for the flags."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from elastic.driver.cli.main import parse_settings
+from elastic.driver.discovery.hosts import HostSpec
+from elastic.driver.errors import SettingsError, UsageError
+from elastic.driver.journal.resume import settings_document, settings_from
+from elastic.driver.launch.ssh import SshOptions
+from elastic.driver.settings import MAX_NP, BackendSettings, ElasticSettings, Settings
+from elastic.errors import ElasticError
+from elastic.protocol.etcd import EtcdOptions
+
+ETCD = EtcdOptions(endpoints=(("127.0.0.1", 2379),))
+
+
+def settings(**changes: Any) -> Settings:
+    values: dict[str, Any] = {"np": 2, "hosts": [HostSpec("localhost", 2)], "command": ["x"]}
+    return Settings(**{**values, **changes})
+
+
+def elastic(**changes: Any) -> ElasticSettings:
+    values: dict[str, Any] = {"min_np": 1, "max_np": 4, "discovery_script": None}
+    return ElasticSettings(**{**values, **changes})
+
+
+def test_a_settings_error_is_a_usage_error_and_a_value_error() -> None:
+    assert issubclass(SettingsError, UsageError)  # elasticrun prints it, exit 2
+    assert issubclass(SettingsError, ElasticError) and issubclass(SettingsError, ValueError)
+
+
+def test_good_settings_build() -> None:
+    built = settings(elastic=elastic(), backend=BackendSettings(etcd=ETCD, job_id="run-7.a_b"))
+    assert built.np == 2 and built.elastic is not None and built.backend.durable
+    assert settings(np=None, elastic=elastic(cooldown_range=(0.0, 0.0))).np is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"command": []}, "no command given: elasticrun -np N [options] COMMAND [ARGS...]"),
+        ({"np": None}, "-np is required (or give --min-np / --host-discovery-script)"),
+        ({"np": 0}, "-np must be at least 1, got 0"),
+        ({"np": MAX_NP + 1}, f"-np must be at most {MAX_NP}, got {MAX_NP + 1}"),
+        ({"start_timeout": 0.0}, "--start-timeout must be positive and at most 31536000"),
+        ({"collective_timeout": math.inf}, "--collective-timeout must be positive"),
+        ({"stop_grace": -1.0}, "--stop-grace must be positive"),
+        ({"heartbeat_interval": math.nan}, "--heartbeat-interval must be positive"),
+        ({"ssh": SshOptions(port=70000)}, "--ssh-port must be 1-65535, got 70000"),
+        ({"np": 5, "elastic": elastic()}, "-np 5 must lie between --min-np and --max-np"),
+        ({"tls": True, "tls_cert": "c.pem"}, "--tls-cert and --tls-key go together"),
+    ],
+)
+def test_bad_settings_are_refused_with_the_flags_message(
+    changes: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(SettingsError) as caught:
+        settings(**changes)
+    assert str(caught.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"min_np": 0}, "--min-np must be at least 1, got 0"),
+        ({"max_np": MAX_NP + 1}, f"--max-np must be at most {MAX_NP}"),
+        ({"slots_per_host": 0}, "--slots-per-host must be at least 1"),
+        ({"min_np": 3, "max_np": 2}, "--max-np 2 is less than --min-np 3"),
+        ({"reset_limit": -1}, "--reset-limit must be 0 or more, got -1"),
+        ({"elastic_timeout": -5.0}, "--elastic-timeout must be positive"),
+        ({"discovery_interval": 0.0}, "--discovery-interval must be positive"),
+        ({"discovery_timeout": 1e400}, "--discovery-timeout must be positive"),
+        ({"cooldown_range": (-1.0, 5.0)}, "--blacklist-cooldown-range must be 0 or more"),
+        ({"cooldown_range": (10.0, 5.0)}, "--blacklist-cooldown-range: MAX (5) must not be less"),
+    ],
+)
+def test_bad_elastic_settings_are_refused(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        elastic(**changes)
+    assert str(caught.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"job_id": "a/b"}, "--job-id 'a/b': use 1-64 letters, digits, '.', '_' or '-'"),
+        ({"job_id": "x" * 65}, "--job-id 'xxx"),
+        ({"grace": 0.0}, "--etcd-grace must be positive"),
+        ({"driver_wait": math.inf}, "--driver-wait must be positive"),
+        ({"etcd": replace(ETCD, cert="c.pem")}, "--etcd-cert and --etcd-key go together"),
+        ({"etcd": replace(ETCD, user="u")}, "--etcd-user needs the password in $ELASTIC_ETCD"),
+        ({"etcd": replace(ETCD, prefix="jobs")}, "--etcd-prefix must start with '/', got 'jobs'"),
+    ],
+)
+def test_bad_backend_settings_are_refused(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        BackendSettings(**changes)
+    assert str(caught.value).startswith(message)
+
+
+def test_a_restarted_driver_checks_the_settings_it_reads_back() -> None:
+    saved = settings_document(settings(elastic=elastic()))
+    assert settings_from(saved, BackendSettings()) == settings(elastic=elastic())
+    with pytest.raises(ValidationError, match="--max-np 4 is less than --min-np 9"):
+        settings_from({**saved, "elastic": {**saved["elastic"], "min_np": 9}}, BackendSettings())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-np", "1"], "no command given"),
+        (["x"], "-np is required"),
+        (["--min-np", "3", "--max-np", "2", "x"], "--max-np 2 is less than --min-np 3"),
+        (["-np", "5", "--min-np", "1", "--max-np", "4", "x"], "-np 5 must lie between"),
+        (["--min-np", "1", "--reset-limit", "-1", "x"], "--reset-limit must be 0 or more"),
+        (["-np", "1", "--elastic-timeout", "0", "x"], "--elastic-timeout must be positive"),
+        (["-np", "1", "--ssh-port", "0", "x"], "--ssh-port must be 1-65535, got 0"),
+        (["-np", "1", "--tls-key", "k.pem", "x"], "--tls-cert and --tls-key go together"),
+        (["-np", "1", "--job-id", "a b", "x"], "--job-id 'a b': use 1-64 letters"),
+        (["-np", "1", "--driver-wait", "-1", "x"], "--driver-wait must be positive"),
+        (
+            ["--backend", "etcd", "--etcd-endpoints", "h:1", "--etcd-prefix", "p", "-np", "1", "x"],
+            "--etcd-prefix must start with '/', got 'p'",
+        ),
+    ],
+)
+def test_the_cli_reports_what_the_settings_refuse(args: list[str], message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_settings(args)
+    assert str(caught.value).startswith(message)
