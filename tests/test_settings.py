@@ -136,3 +136,11 @@ def test_the_cli_reports_what_the_settings_refuse(args: list[str], message: str)
     with pytest.raises(UsageError) as caught:
         parse_settings(args)
     assert str(caught.value).startswith(message)
+
+
+def test_the_etcd_password_is_in_no_repr_of_the_settings() -> None:
+    from elastic.driver.settings import BackendSettings
+    from elastic.protocol.etcd import EtcdOptions
+
+    backend = BackendSettings(etcd=EtcdOptions(endpoints=(("127.0.0.1", 2379),), password="s3cret"))
+    assert "s3cret" not in repr(backend)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
@@ -44,7 +44,7 @@ class EtcdOptions:
     cert: str | None = None
     key: str | None = None
     user: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)  # never in a log line
     call_timeout: float = 2.0  # seconds one etcd call may take
 
     def job_key(self, job_id: str, name: str) -> str:
