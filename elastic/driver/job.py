@@ -59,8 +59,9 @@ from elastic.driver.launch.detached import (
     kill_keeper,
     prepare_log_dir,
 )
+from elastic.driver.launch.follower import OutputFollower
 from elastic.driver.launch.host_access import HostAccess
-from elastic.driver.launch.output import OutputSink, follow, pump
+from elastic.driver.launch.output import OutputSink, pump
 from elastic.driver.policy.liveness import Limits, Verdict, judge
 from elastic.driver.policy.planning import free_slots, next_members
 from elastic.driver.rendezvous.rounds import Rendezvous
@@ -138,7 +139,8 @@ class Job:
         self._newest_commit = 0  # the newest commit count any worker reported
         self._commit_at_fleet_loss: int | None = None  # newest commit when all last died
         self._tasks: set[asyncio.Task[None]] = set()
-        self._pumps: list[asyncio.Task[None]] = []
+        self._pumps: list[asyncio.Future[None]] = []
+        self._follower = OutputFollower()  # detached workers' output files, all of them
         self._result: asyncio.Future[int] | None = None
         self._end_message = ""
         self._driver_url = ""
@@ -229,6 +231,7 @@ class Job:
             else:
                 await stop_workers(self._workers.values(), self.settings.stop_grace)
             await asyncio.gather(*self._pumps, return_exceptions=True)
+            await self._follower.close()
             await control.stop(grace=0.5)
             await http.stop()
 
@@ -597,7 +600,7 @@ class Job:
         for stream in ("stdout", "stderr"):
             sink = OutputSink(self._label(worker), stream, self.settings.output_dir, folder)
             if worker.log_dir is not None:
-                source = follow(
+                source = self._follower.add(
                     os.path.join(worker.log_dir, stream),
                     sink,
                     worker.offsets.get(stream, 0),
@@ -606,10 +609,10 @@ class Job:
                 )
             elif worker.process is not None:
                 reader = worker.process.stdout if stream == "stdout" else worker.process.stderr
-                source = pump(reader, sink)
+                source = asyncio.create_task(pump(reader, sink))
             else:
                 continue
-            self._pumps.append(asyncio.create_task(source))
+            self._pumps.append(source)
 
     async def _await_exit(self, worker: Worker) -> None:
         code = await worker.process.wait()
