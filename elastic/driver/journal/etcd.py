@@ -30,7 +30,7 @@ from elastic.protocol.etcd import KEY_NAMES, EtcdOptions, connect
 log = logging.getLogger(__name__)
 
 LEASE_TTL = 10  # seconds a dead driver's claim outlives it
-KEEPALIVE_EVERY = 2.0  # seconds between lease refreshes
+KEEPALIVE_SHARE = 0.2  # of the lease's TTL between refreshes (2 s for 10 s)
 T = TypeVar("T")
 
 
@@ -41,9 +41,15 @@ def _transient(err: BaseException) -> bool:
 class EtcdBackend(StateBackend):
     durable = True
 
-    def __init__(self, options: EtcdOptions, retry_for: float = 10.0) -> None:
+    def __init__(
+        self, options: EtcdOptions, retry_for: float = 10.0, lease_ttl: int = LEASE_TTL
+    ) -> None:
+        """`retry_for`: seconds one call retries before `BackendError`; `lease_ttl`: seconds
+        the claim outlives this driver's last refresh (refreshed every fifth of it)."""
         self.options = options
         self._retry_for = retry_for
+        self._lease_ttl = lease_ttl
+        self._keepalive_every = lease_ttl * KEEPALIVE_SHARE
         self._client: Any = None
         self._job_id: str | None = None
         self._holder = b""
@@ -98,7 +104,7 @@ class EtcdBackend(StateBackend):
         on_lost: Callable[[], None],
     ) -> None:
         self._job_id, self._holder, self._on_lost = job_id, holder.encode(), on_lost
-        lease = await self._call(lambda c: c.lease(LEASE_TTL))
+        lease = await self._call(lambda c: c.lease(self._lease_ttl))
         self._lease_id = lease.id
         lock = self._key("lock")
         mine = self._holder
@@ -141,11 +147,11 @@ class EtcdBackend(StateBackend):
         """Refresh the lease; a lease etcd no longer knows means the claim is gone."""
         lease_id = self._lease_id
         while True:
-            await asyncio.sleep(KEEPALIVE_EVERY)
+            await asyncio.sleep(self._keepalive_every)
             try:
                 answers = await self._call(
                     lambda c, lease_id=lease_id: list(c.refresh_lease(lease_id)),
-                    retry_for=KEEPALIVE_EVERY,
+                    retry_for=self._keepalive_every,
                 )
             except BackendError:
                 continue  # an outage: the saver reports it; etcd renews leases on restart
@@ -167,7 +173,7 @@ class EtcdBackend(StateBackend):
                 return False
             if self._lease_id != expired_lease:
                 return True  # taken back already, by a concurrent caller
-            lease = await self._call(lambda c: c.lease(LEASE_TTL))
+            lease = await self._call(lambda c: c.lease(self._lease_ttl))
             lock, mine, expiring = self._key("lock"), self._holder, dict(self._expiring)
 
             def take_back(c: Any) -> bool:
@@ -193,7 +199,7 @@ class EtcdBackend(StateBackend):
                 "the claim on job %s had expired (etcd unreachable, or this driver paused, for "
                 "longer than its %d s lease); no other driver held it: taken back",
                 self._job_id,
-                LEASE_TTL,
+                self._lease_ttl,
             )
             return True
 
