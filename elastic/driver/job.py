@@ -190,6 +190,7 @@ class Job:
             hosts = list(self._tracker.hosts if self.elastic else self.settings.hosts)
         else:
             hosts = await self._first_hosts()
+        await self._hosts.learn(h.hostname for h in hosts)  # DNS, off the event loop
         address = self._hosts.bind_address(hosts, self.settings.network_interface)
         services = Services(
             self._token,
@@ -1186,6 +1187,7 @@ class Job:
             if update.error:
                 log.error("host discovery failed, keeping the last good hosts: %s", update.error)
         else:
+            await self._hosts.learn(h.hostname for h in hosts)  # DNS, off the event loop
             update = self._tracker.discovered(hosts, self._clock())
             if update.recovered:
                 log.warning("host discovery works again")

@@ -8,8 +8,11 @@ lease ended while it lived (etcd frozen or unreachable for longer than the lease
 driver's own pause) takes the claim back when nobody else took it meanwhile; only a lock
 that names another driver means the job is lost.
 
-pyetcd is synchronous: calls run in the default thread pool, each retried (tenacity) within a
-bounded time.
+pyetcd is synchronous: every call (the claim, saves, reads, the lease's keep-alive, closing
+the client) runs in this backend's own threads, never on the event loop, each retried
+(tenacity) within a bounded time and each attempt bounded by `EtcdOptions.call_timeout`. The
+threads are its own so that a frozen etcd (calls that each take the whole timeout) and other
+work in the default pool (host name lookups) never wait for one another.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
@@ -31,6 +35,7 @@ log = logging.getLogger(__name__)
 
 LEASE_TTL = 10  # seconds a dead driver's claim outlives it
 KEEPALIVE_SHARE = 0.2  # of the lease's TTL between refreshes (2 s for 10 s)
+CALL_THREADS = 4  # etcd calls at once: keep-alive, saver, a take-back, a read
 T = TypeVar("T")
 
 
@@ -51,6 +56,7 @@ class EtcdBackend(StateBackend):
         self._lease_ttl = lease_ttl
         self._keepalive_every = lease_ttl * KEEPALIVE_SHARE
         self._client: Any = None
+        self._threads: ThreadPoolExecutor | None = None
         self._job_id: str | None = None
         self._holder = b""
         self._lease_id = 0
@@ -65,7 +71,8 @@ class EtcdBackend(StateBackend):
         return ",".join(f"{host}:{port}" for host, port in self.options.endpoints)
 
     async def _call(self, work: Callable[[Any], T], retry_for: float | None = None) -> T:
-        """Run `work(client)` in a thread, retrying transient failures for `retry_for` s."""
+        """Run `work(client)` in one of this backend's threads, retrying transient failures
+        for `retry_for` s."""
 
         def attempt() -> T:
             if self._client is None:
@@ -81,7 +88,7 @@ class EtcdBackend(StateBackend):
                 reraise=True,
             ):
                 with attempt_:
-                    return await asyncio.to_thread(attempt)
+                    return await self._in_thread(attempt)
         except Exception as err:
             if _transient(err):
                 why = str(err) or type(err).__name__
@@ -90,6 +97,11 @@ class EtcdBackend(StateBackend):
                 ) from err
             raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _in_thread(self, work: Callable[[], T]) -> T:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="etcd")
+        return await asyncio.get_running_loop().run_in_executor(self._threads, work)
 
     def _key(self, name: str, job_id: str | None = None) -> str:
         job = job_id or self._job_id
@@ -275,4 +287,7 @@ class EtcdBackend(StateBackend):
     async def close(self) -> None:
         if self._client is not None:
             client, self._client = self._client, None
-            await asyncio.to_thread(client.close)
+            await self._in_thread(client.close)
+        if self._threads is not None:
+            threads, self._threads = self._threads, None
+            threads.shutdown(wait=False)
