@@ -179,6 +179,35 @@ def test_a_driver_whose_lease_ended_takes_its_claim_back_and_carries_on(
     assert_exactly_once(tmp_path)
 
 
+def test_a_driver_paused_past_its_lease_takes_its_claim_back_and_keeps_its_workers(
+    elasticrun, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """The driver stopped (SIGSTOP) for longer than its 10 s lease: its lease ends and it
+    hears no heartbeat meanwhile. Resumed, it takes its claim back and does not take the
+    silence it caused for hung workers."""
+    env = {"TMPDIR": str(tmp_path)}
+    hold = tmp_path / "go"
+    args = durable_args(
+        etcd, "paused", "-np", "2", "--min-np", "1", "-H", "localhost:2",
+        *job_args(tmp_path, "--hold-at-step", "6", "--hold-file", str(hold)),
+    )  # fmt: skip
+    job = elasticrun(args, env)
+    pids = ranks_to_pids(job, 2)
+    job.wait_for(r"step 6 ")
+    os.kill(job.process.pid, signal.SIGSTOP)
+    try:
+        time.sleep(14)
+    finally:
+        os.kill(job.process.pid, signal.SIGCONT)
+    job.wait_for(r"no other driver held it: taken back", timeout=30)
+    hold.touch()
+    assert job.finish(120) == 0, job.transcript()
+    assert "another driver took" not in job.output and "hung" not in job.output
+    assert "elasticrun: epoch 2" not in job.output, "no worker was lost"
+    assert assert_exactly_once(tmp_path)["size"] == 2
+    assert pids_alive(list(pids.values())) == []
+
+
 def test_a_driver_whose_claim_another_took_leaves_the_workers_to_it(
     elasticrun, etcd: EtcdServer, tmp_path: Path
 ) -> None:

@@ -1105,9 +1105,13 @@ class Job:
         limits = Limits(
             self.settings.heartbeat_interval, self.settings.stop_grace, self.settings.start_timeout
         )
+        loop = asyncio.get_running_loop()
+        tick = min(limits.heartbeat_interval, 0.25)
         while True:
-            await asyncio.sleep(min(limits.heartbeat_interval, 0.25))
+            due = loop.time() + tick
+            await asyncio.sleep(tick)
             now = self._clock()
+            self._excuse_pause(loop.time() - due, now)
             for worker, verdict in judge(self._workers.values(), now, limits):
                 if verdict is Verdict.LINGERING:
                     worker.process.terminate()
@@ -1130,6 +1134,20 @@ class Job:
                         f"{self.elastic.min_np}, {self.elastic.elastic_timeout - waited:.0f} s "
                         "left (--elastic-timeout)"
                     )
+
+    def _excuse_pause(self, late: float, now: float) -> None:
+        """The liveness check woke `late` s late: this driver was paused (its loop blocked,
+        its process stopped) and heard no heartbeat meanwhile. Missed heartbeats count from
+        `now` again, so that the silence it caused does not make every worker hung."""
+        if late < self.settings.heartbeat_interval:
+            return
+        log.warning(
+            "this driver was paused for %.1f s (its event loop blocked, or its process "
+            "stopped): workers' heartbeats are awaited from now",
+            late,
+        )
+        for worker in self._workers.values():
+            worker.last_heartbeat = max(worker.last_heartbeat, now)
 
     def _form_with_ready_joiners(self, now: float) -> None:
         """Re-form with the joiners that wait at the rendezvous once the first of them has
