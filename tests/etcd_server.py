@@ -3,7 +3,7 @@
 The fixture owns the process: `stop()` kills it by PID (SIGKILL: an acknowledged write must
 survive a crash, not only a clean shutdown), `start()` brings it back on the same ports and
 data dir, as often as a test likes (the fault soak restarts it many times); `running` says
-whether it is up.
+whether it is up. `JobLock` looks at (and meddles with) a job's lock from outside its driver.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+from elastic.protocol.etcd import DEFAULT_PREFIX, EtcdOptions, connect, parse_endpoints
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 
@@ -80,3 +83,30 @@ class EtcdServer:
             self.process.kill()
             self.process.wait()
         self.process = None
+
+
+class JobLock:
+    """The job's lock key seen from outside the driver (another etcd client)."""
+
+    def __init__(self, etcd: EtcdServer, job_id: str, prefix: str = DEFAULT_PREFIX) -> None:
+        options = EtcdOptions(parse_endpoints(etcd.endpoint), prefix=prefix)
+        self.key = options.job_key(job_id, "lock")
+        self._client: Any = connect(options)
+
+    def held(self) -> tuple[bytes | None, int]:
+        """The lock's value (None: nobody holds it) and its lease."""
+        value, meta = self._client.get(self.key)
+        return value, (meta.lease_id if meta is not None else 0)
+
+    def end_lease(self) -> int:
+        """Revoke the holder's lease (as etcd does when refreshes stop): the lock goes."""
+        _, lease = self.held()
+        self._client.revoke_lease(lease)
+        assert self.held() == (None, 0)
+        return lease
+
+    def put(self, value: str) -> None:
+        self._client.put(self.key, value)
+
+    def close(self) -> None:
+        self._client.close()

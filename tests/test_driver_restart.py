@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ import pytest
 from elastic.driver.journal.etcd import EtcdBackend
 from elastic.protocol.etcd import EtcdOptions, parse_endpoints
 from tests.conftest import ELASTICRUN, RunningJob, pids_alive
-from tests.etcd_server import EtcdServer
+from tests.etcd_server import EtcdServer, JobLock
 from tests.test_elastic import assert_exactly_once, job_args, ranks_to_pids
 
 pytestmark = pytest.mark.timeout(180)
@@ -149,6 +150,96 @@ def test_a_second_driver_of_a_running_job_is_refused(
     assert re.search(r"job twice is already run by the driver with pid \d+", second.output)
     (tmp_path / "go").touch()
     assert first.finish(60) == 0, first.transcript()
+
+
+def test_a_driver_whose_lease_ended_takes_its_claim_back_and_carries_on(
+    elasticrun, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """The lease ends while the driver lives (revoked here; a driver paused past its TTL
+    loses it the same way) and no other driver claims the job: it takes the claim back."""
+    env = {"TMPDIR": str(tmp_path)}
+    hold = tmp_path / "go"
+    args = durable_args(
+        etcd, "relock", "-np", "2", "--min-np", "1", "-H", "localhost:2",
+        *job_args(tmp_path, "--hold-at-step", "6", "--hold-file", str(hold)),
+    )  # fmt: skip
+    job = elasticrun(args, env)
+    job.wait_for(r"step 6 ")
+    lock = JobLock(etcd, "relock")
+    try:
+        old = lock.end_lease()
+        job.wait_for(r"no other driver held it: taken back", timeout=30)
+        value, lease = lock.held()
+        assert value is not None and lease not in (0, old)
+    finally:
+        lock.close()
+    hold.touch()
+    assert job.finish(120) == 0, job.transcript()
+    assert "another driver took" not in job.output
+    assert_exactly_once(tmp_path)
+
+
+def test_a_driver_paused_past_its_lease_takes_its_claim_back_and_keeps_its_workers(
+    elasticrun, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """The driver stopped (SIGSTOP) for longer than its 10 s lease: its lease ends and it
+    hears no heartbeat meanwhile. Resumed, it takes its claim back and does not take the
+    silence it caused for hung workers."""
+    env = {"TMPDIR": str(tmp_path)}
+    hold = tmp_path / "go"
+    args = durable_args(
+        etcd, "paused", "-np", "2", "--min-np", "1", "-H", "localhost:2",
+        *job_args(tmp_path, "--hold-at-step", "6", "--hold-file", str(hold)),
+    )  # fmt: skip
+    job = elasticrun(args, env)
+    pids = ranks_to_pids(job, 2)
+    job.wait_for(r"step 6 ")
+    os.kill(job.process.pid, signal.SIGSTOP)
+    try:
+        time.sleep(14)
+    finally:
+        os.kill(job.process.pid, signal.SIGCONT)
+    job.wait_for(r"no other driver held it: taken back", timeout=30)
+    hold.touch()
+    assert job.finish(120) == 0, job.transcript()
+    assert "another driver took" not in job.output and "hung" not in job.output
+    assert "elasticrun: epoch 2" not in job.output, "no worker was lost"
+    assert assert_exactly_once(tmp_path)["size"] == 2
+    assert pids_alive(list(pids.values())) == []
+
+
+def test_a_driver_whose_claim_another_took_leaves_the_workers_to_it(
+    elasticrun, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """The lease ends and another driver's claim is in the lock before this driver looks:
+    this one leaves, its workers train on, and a driver that takes the job up finishes it."""
+    env = {"TMPDIR": str(tmp_path)}
+    hold = tmp_path / "go"
+    args = durable_args(
+        etcd, "stolen", "-np", "2", "-H", "localhost:2",
+        *job_args(tmp_path, "--hold-at-step", "6", "--hold-file", str(hold)),
+    )  # fmt: skip
+    first = elasticrun(args, env)
+    pids = ranks_to_pids(first, 2)
+    first.wait_for(r"step 6 ")
+    ended = subprocess.Popen(["true"])  # a driver that has exited since: a later driver may
+    ended.wait()  # take its claim over
+    other = {"driver_id": "other", "host": socket.gethostname(), "pid": ended.pid, "since": 0}
+    lock = JobLock(etcd, "stolen")
+    try:
+        lock.end_lease()
+        lock.put(json.dumps(other))
+    finally:
+        lock.close()
+    first.wait_for(r"another driver took job stolen over .*: leaving the workers to it", 30)
+    assert first.finish(30) == 1, first.transcript()
+    assert pids_alive(list(pids.values())) == list(pids.values()), "workers left running"
+
+    second = elasticrun(args, env)
+    second.wait_for(r"resuming job stolen at epoch 1: 2 worker\(s\) to re-adopt", timeout=30)
+    hold.touch()
+    assert second.finish(120) == 0, second.transcript()
+    assert assert_exactly_once(tmp_path)["size"] == 2
 
 
 def test_an_etcd_crash_mid_training_loses_nothing(

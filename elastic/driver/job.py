@@ -56,8 +56,9 @@ from elastic.driver.launch.detached import (
     kill_keeper,
     prepare_log_dir,
 )
+from elastic.driver.launch.follower import OutputFollower
 from elastic.driver.launch.host_access import HostAccess
-from elastic.driver.launch.output import OutputSink, follow, pump
+from elastic.driver.launch.output import OutputSink, pump
 from elastic.driver.policy.liveness import Limits, Verdict, judge
 from elastic.driver.policy.planning import free_slots
 from elastic.driver.policy.rounds import (
@@ -101,6 +102,7 @@ SERIAL_GAP = 1000  # worker numbers a restarted driver skips (see `_restore`)
 ROUND_BATCH = 0.005  # seconds a round waits for more changes seen at the same time...
 ROUND_AFTER_DEATH = 0.25  # ...and after a death, at most, for every survivor to rejoin
 DECISIONS_KEPT = 50  # the newest decisions `/v1/status` shows
+PAUSE_WORTH_SAYING = 1.0  # seconds: a shorter pause (a loaded machine) is excused silently
 
 
 def describe_exit(worker: Worker) -> str:
@@ -168,7 +170,8 @@ class Job:
         self._newest_commit = 0  # the newest commit count any worker reported
         self._commit_at_fleet_loss: int | None = None  # newest commit when all last died
         self._tasks: set[asyncio.Task[None]] = set()
-        self._pumps: list[asyncio.Task[None]] = []
+        self._pumps: list[asyncio.Future[None]] = []
+        self._follower = OutputFollower()  # detached workers' output files, all of them
         self._result: asyncio.Future[int] | None = None
         self._end_message = ""
         self._driver_url = ""
@@ -217,6 +220,7 @@ class Job:
             hosts = list(self._tracker.hosts if self.elastic else self.settings.hosts)
         else:
             hosts = await self._first_hosts()
+        await self._hosts.learn(h.hostname for h in hosts)  # DNS, off the event loop
         address = self._hosts.bind_address(hosts, self.settings.network_interface)
         services = Services(
             self._token,
@@ -260,6 +264,7 @@ class Job:
             else:
                 await stop_workers(self._workers.values(), self.settings.stop_grace)
             await asyncio.gather(*self._pumps, return_exceptions=True)
+            await self._follower.close()
             await control.stop(grace=0.5)
             await http.stop()
 
@@ -565,7 +570,7 @@ class Job:
         for stream in ("stdout", "stderr"):
             sink = OutputSink(self._label(worker), stream, self.settings.output_dir, folder)
             if worker.log_dir is not None:
-                source = follow(
+                source = self._follower.add(
                     os.path.join(worker.log_dir, stream),
                     sink,
                     worker.offsets.get(stream, 0),
@@ -574,14 +579,15 @@ class Job:
                 )
             elif worker.process is not None:
                 reader = worker.process.stdout if stream == "stdout" else worker.process.stderr
-                source = pump(reader, sink)
+                source = asyncio.create_task(pump(reader, sink))
             else:
                 continue
-            self._pumps.append(asyncio.create_task(source))
+            self._pumps.append(source)
 
     async def _await_exit(self, worker: Worker) -> None:
         code = await worker.process.wait()
         worker.exit_code = code
+        self._follower.poke()  # its output files are drained now, not at the next look
         self._channels.forget(worker.worker_id)
         if worker.state is WorkerState.STOPPED or not worker.state.alive:
             return
@@ -1062,9 +1068,13 @@ class Job:
         limits = Limits(
             self.settings.heartbeat_interval, self.settings.stop_grace, self.settings.start_timeout
         )
+        loop = asyncio.get_running_loop()
+        every = min(limits.heartbeat_interval, 0.25)
         while True:
-            await asyncio.sleep(min(limits.heartbeat_interval, 0.25))
+            due = loop.time() + every
+            await asyncio.sleep(every)
             now = self._clock()
+            self._excuse_pause(loop.time() - due, now)
             for worker, verdict in judge(self._workers.values(), now, limits):
                 if verdict is Verdict.LINGERING:
                     worker.process.terminate()
@@ -1073,6 +1083,21 @@ class Job:
                 else:
                     self._declare_dead(worker, verdict.value)
             self._apply(tick(self._view(), now))
+
+    def _excuse_pause(self, late: float, now: float) -> None:
+        """The liveness check woke `late` s late: this driver was paused (its loop blocked,
+        its process stopped) and heard no heartbeat meanwhile. Missed heartbeats count from
+        `now` again, so that the silence it caused does not make every worker hung."""
+        if late < self.settings.heartbeat_interval:
+            return
+        if late >= PAUSE_WORTH_SAYING:
+            log.warning(
+                "this driver was paused for %.1f s (its event loop blocked, or its process "
+                "stopped): workers' heartbeats are awaited from now",
+                late,
+            )
+        for worker in self._workers.values():
+            worker.last_heartbeat = max(worker.last_heartbeat, now)
 
     def _declare_dead(self, worker: Worker, reason: str) -> None:
         worker.process.kill()
@@ -1109,6 +1134,7 @@ class Job:
             if update.error:
                 log.error("host discovery failed, keeping the last good hosts: %s", update.error)
         else:
+            await self._hosts.learn(h.hostname for h in hosts)  # DNS, off the event loop
             update = self._tracker.discovered(hosts, self._clock())
             if update.recovered:
                 log.warning("host discovery works again")

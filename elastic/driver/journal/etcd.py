@@ -8,8 +8,11 @@ lease ended while it lived (etcd frozen or unreachable for longer than the lease
 driver's own pause) takes the claim back when nobody else took it meanwhile; only a lock
 that names another driver means the job is lost.
 
-pyetcd is synchronous: calls run in the default thread pool, each retried (tenacity) within a
-bounded time.
+pyetcd is synchronous: every call (the claim, saves, reads, the lease's keep-alive, closing
+the client) runs in this backend's own threads, never on the event loop, each retried
+(tenacity) within a bounded time and each attempt bounded by `EtcdOptions.call_timeout`. The
+threads are its own so that a frozen etcd (calls that each take the whole timeout) and other
+work in the default pool (host name lookups) never wait for one another.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
@@ -30,7 +34,8 @@ from elastic.protocol.etcd import KEY_NAMES, EtcdOptions, connect
 log = logging.getLogger(__name__)
 
 LEASE_TTL = 10  # seconds a dead driver's claim outlives it
-KEEPALIVE_EVERY = 2.0  # seconds between lease refreshes
+KEEPALIVE_SHARE = 0.2  # of the lease's TTL between refreshes (2 s for 10 s)
+CALL_THREADS = 4  # etcd calls at once: keep-alive, saver, a take-back, a read
 T = TypeVar("T")
 
 
@@ -41,10 +46,17 @@ def _transient(err: BaseException) -> bool:
 class EtcdBackend(StateBackend):
     durable = True
 
-    def __init__(self, options: EtcdOptions, retry_for: float = 10.0) -> None:
+    def __init__(
+        self, options: EtcdOptions, retry_for: float = 10.0, lease_ttl: int = LEASE_TTL
+    ) -> None:
+        """`retry_for`: seconds one call retries before `BackendError`; `lease_ttl`: seconds
+        the claim outlives this driver's last refresh (refreshed every fifth of it)."""
         self.options = options
         self._retry_for = retry_for
+        self._lease_ttl = lease_ttl
+        self._keepalive_every = lease_ttl * KEEPALIVE_SHARE
         self._client: Any = None
+        self._threads: ThreadPoolExecutor | None = None
         self._job_id: str | None = None
         self._holder = b""
         self._lease_id = 0
@@ -59,7 +71,8 @@ class EtcdBackend(StateBackend):
         return ",".join(f"{host}:{port}" for host, port in self.options.endpoints)
 
     async def _call(self, work: Callable[[Any], T], retry_for: float | None = None) -> T:
-        """Run `work(client)` in a thread, retrying transient failures for `retry_for` s."""
+        """Run `work(client)` in one of this backend's threads, retrying transient failures
+        for `retry_for` s."""
 
         def attempt() -> T:
             if self._client is None:
@@ -75,7 +88,7 @@ class EtcdBackend(StateBackend):
                 reraise=True,
             ):
                 with attempt_:
-                    return await asyncio.to_thread(attempt)
+                    return await self._in_thread(attempt)
         except Exception as err:
             if _transient(err):
                 why = str(err) or type(err).__name__
@@ -84,6 +97,11 @@ class EtcdBackend(StateBackend):
                 ) from err
             raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _in_thread(self, work: Callable[[], T]) -> T:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="etcd")
+        return await asyncio.get_running_loop().run_in_executor(self._threads, work)
 
     def _key(self, name: str, job_id: str | None = None) -> str:
         job = job_id or self._job_id
@@ -98,7 +116,7 @@ class EtcdBackend(StateBackend):
         on_lost: Callable[[], None],
     ) -> None:
         self._job_id, self._holder, self._on_lost = job_id, holder.encode(), on_lost
-        lease = await self._call(lambda c: c.lease(LEASE_TTL))
+        lease = await self._call(lambda c: c.lease(self._lease_ttl))
         self._lease_id = lease.id
         lock = self._key("lock")
         mine = self._holder
@@ -141,11 +159,11 @@ class EtcdBackend(StateBackend):
         """Refresh the lease; a lease etcd no longer knows means the claim is gone."""
         lease_id = self._lease_id
         while True:
-            await asyncio.sleep(KEEPALIVE_EVERY)
+            await asyncio.sleep(self._keepalive_every)
             try:
                 answers = await self._call(
                     lambda c, lease_id=lease_id: list(c.refresh_lease(lease_id)),
-                    retry_for=KEEPALIVE_EVERY,
+                    retry_for=self._keepalive_every,
                 )
             except BackendError:
                 continue  # an outage: the saver reports it; etcd renews leases on restart
@@ -167,7 +185,7 @@ class EtcdBackend(StateBackend):
                 return False
             if self._lease_id != expired_lease:
                 return True  # taken back already, by a concurrent caller
-            lease = await self._call(lambda c: c.lease(LEASE_TTL))
+            lease = await self._call(lambda c: c.lease(self._lease_ttl))
             lock, mine, expiring = self._key("lock"), self._holder, dict(self._expiring)
 
             def take_back(c: Any) -> bool:
@@ -193,7 +211,7 @@ class EtcdBackend(StateBackend):
                 "the claim on job %s had expired (etcd unreachable, or this driver paused, for "
                 "longer than its %d s lease); no other driver held it: taken back",
                 self._job_id,
-                LEASE_TTL,
+                self._lease_ttl,
             )
             return True
 
@@ -269,4 +287,7 @@ class EtcdBackend(StateBackend):
     async def close(self) -> None:
         if self._client is not None:
             client, self._client = self._client, None
-            await asyncio.to_thread(client.close)
+            await self._in_thread(client.close)
+        if self._threads is not None:
+            threads, self._threads = self._threads, None
+            threads.shutdown(wait=False)

@@ -5,16 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 
 from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.errors import LaunchError, UsageError
 from elastic.driver.launch.base import Launcher
 from elastic.driver.launch.detached import DetachedLauncher
 from elastic.driver.launch.local import LocalLauncher
-from elastic.driver.launch.network import interface_address, is_local, local_addresses, route_source
+from elastic.driver.launch.network import (
+    interface_address,
+    local_addresses,
+    look_up,
+    own_names,
+    route_source,
+)
 from elastic.driver.launch.ssh import SshLauncher, SshOptions
 
 log = logging.getLogger("elasticrun")
+
+LOOKUPS_AT_ONCE = 4  # host names looked up in parallel (threads of the default pool)
 
 
 class HostAccess:
@@ -22,6 +31,11 @@ class HostAccess:
 
     A name that resolves to an address of this machine's interfaces is launched locally; any
     other through ssh, once `check_reachable` has seen ssh answer.
+
+    Name lookups (DNS) block for as long as DNS takes, so they are made by `learn`, in
+    threads; the other methods answer from what it learned. A name it did not learn is
+    looked up where it is asked about, blocking the caller (in the driver: the event loop).
+    A name that does not resolve stays unknown for the life of this object.
     """
 
     def __init__(
@@ -36,8 +50,12 @@ class HostAccess:
     ) -> None:
         """`local_launcher` and `ssh_launcher` replace the default ones (tests, benchmarks)."""
         self._addresses = local_addresses()
+        self._own_names: set[str] | None = None
         self._local: dict[str, bool] = {}
-        self._unresolvable: set[str] = set()
+        self._resolved: dict[str, set[str]] = {}  # remote name -> its addresses
+        self._unresolvable: dict[str, str] = {}  # name -> why
+        self._reported: set[str] = set()  # unresolvable names logged already
+        self._lookups = asyncio.Semaphore(LOOKUPS_AT_ONCE)
         self._reachable: set[str] = set()
         self._ssh_timeout = ssh_timeout
         self._detached = detached
@@ -47,10 +65,43 @@ class HostAccess:
         )
         self._ssh_launcher: Launcher = ssh_launcher or SshLauncher(ssh, stop_grace)
 
+    async def learn(self, hostnames: Iterable[str]) -> None:
+        """Look the names not known yet up, in threads (never on the event loop): whether
+        each is this machine, and its addresses. Never raises: a name that does not resolve
+        is remembered as such (`is_local` raises for it, `usable` is False)."""
+        new = [name for name in dict.fromkeys(hostnames) if not self._known(name)]
+        if not new:
+            return
+        if self._own_names is None:
+            self._own_names = await asyncio.to_thread(own_names)
+        names = self._own_names
+
+        async def learn_one(name: str) -> None:
+            async with self._lookups:
+                answer = await asyncio.to_thread(_answer, name, self._addresses, names)
+            self._remember(name, answer)
+
+        await asyncio.gather(*(learn_one(name) for name in new))
+
+    def _known(self, hostname: str) -> bool:
+        return hostname in self._local or hostname in self._unresolvable
+
+    def _remember(self, hostname: str, answer: tuple[bool, set[str]] | UsageError) -> None:
+        if isinstance(answer, UsageError):
+            self._unresolvable[hostname] = str(answer)
+        else:
+            self._local[hostname], self._resolved[hostname] = answer
+
     def is_local(self, hostname: str) -> bool:
-        """Raises `UsageError` for a name that does not resolve."""
-        if hostname not in self._local:
-            self._local[hostname] = is_local(hostname, self._addresses)
+        """Raises `UsageError` for a name that does not resolve. Blocks on DNS for a name
+        `learn` was not given."""
+        if not self._known(hostname):
+            log.debug("looking host %s up on the caller's thread: not learned", hostname)
+            if self._own_names is None:
+                self._own_names = own_names()
+            self._remember(hostname, _answer(hostname, self._addresses, self._own_names))
+        if hostname in self._unresolvable:
+            raise UsageError(self._unresolvable[hostname])
         return self._local[hostname]
 
     def detached(self, hostname: str) -> bool:
@@ -59,13 +110,12 @@ class HostAccess:
 
     def usable(self, hostname: str) -> bool:
         """False for a (discovered) host name that does not resolve; logged once."""
-        if hostname in self._unresolvable:
-            return False
         try:
             self.is_local(hostname)
         except UsageError as err:
-            self._unresolvable.add(hostname)
-            log.error("ignoring discovered host: %s", err)
+            if hostname not in self._reported:
+                self._reported.add(hostname)
+                log.error("ignoring discovered host: %s", err)
             return False
         return True
 
@@ -75,7 +125,7 @@ class HostAccess:
         if interface:
             return interface_address(interface)
         remote = [h.hostname for h in hosts if not self.is_local(h.hostname)]
-        return route_source(remote[0]) if remote else "127.0.0.1"
+        return route_source(remote[0], self._resolved.get(remote[0])) if remote else "127.0.0.1"
 
     def launcher(self, hostname: str) -> Launcher:
         return self._local_launcher if self.is_local(hostname) else self._ssh_launcher
@@ -96,3 +146,11 @@ class HostAccess:
             else:
                 self._reachable.add(hostname)
         return failed
+
+
+def _answer(hostname: str, local: set[str], names: set[str]) -> tuple[bool, set[str]] | UsageError:
+    """`look_up`'s answer, or the error it raised (to be remembered)."""
+    try:
+        return look_up(hostname, local, names)
+    except UsageError as err:
+        return err

@@ -56,16 +56,30 @@ def resolve(hostname: str) -> set[str]:
     return {str(ipaddress.ip_address(info[4][0].split("%")[0])) for info in infos}
 
 
+def own_names() -> set[str]:
+    """This machine's host name and fully qualified name (a DNS lookup: as slow as DNS)."""
+    return {socket.gethostname(), socket.getfqdn()}
+
+
+def look_up(hostname: str, local: set[str], names: set[str]) -> tuple[bool, set[str]]:
+    """Whether `hostname` is this machine (one of its `names`, or a name resolving to one of
+    its `local` addresses), and the addresses it resolves to (none looked up for one of
+    `names`). Blocks for as long as DNS takes; raises `UsageError` for an unknown host."""
+    if hostname in names:
+        return True, set()
+    addresses = resolve(hostname)
+    return bool(addresses & local), addresses
+
+
 def is_local(hostname: str, local: set[str]) -> bool:
     """True when `hostname` is this machine: its name, or a name resolving to a local address."""
-    if hostname in (socket.gethostname(), socket.getfqdn()):
-        return True
-    return bool(resolve(hostname) & local)
+    return look_up(hostname, local, own_names())[0]
 
 
-def route_source(hostname: str) -> str:
-    """The local address this machine uses to reach `hostname` (no packet is sent)."""
-    address = sorted(resolve(hostname))[0]
+def route_source(hostname: str, addresses: set[str] | None = None) -> str:
+    """The local address this machine uses to reach `hostname`, which resolves to
+    `addresses` (looked up here when not given); no packet is sent."""
+    address = sorted(addresses or resolve(hostname))[0]
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as sock:
         sock.connect((address, 9))

@@ -1,6 +1,7 @@
 """Workers' output: tagged by rank on the launcher's stdout/stderr, optionally also to files.
 
-It comes from the worker's pipes (`pump`) or, for a detached worker, from its files (`follow`).
+It comes from the worker's pipes (`pump`) or, for a detached worker, from its files (see
+`follower.py`).
 """
 
 from __future__ import annotations
@@ -9,13 +10,12 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from elastic.driver.errors import LaunchError
 from elastic.driver.launch.private_files import PRIVATE_DIR, PRIVATE_FILE, open_private, private_dir
 
-_CHUNK = 1 << 16
+CHUNK = 1 << 16  # bytes read at a time; a line longer than this is shown in pieces
 
 
 def folder_mode(file_mode: int) -> int:
@@ -24,7 +24,17 @@ def folder_mode(file_mode: int) -> int:
     return file_mode | (file_mode & 0o444) >> 2
 
 
-class OutputSink:
+class LineSink(Protocol):
+    """Where one stream of a worker's output goes, a line at a time."""
+
+    def write_line(self, line: bytes) -> None:
+        """Show `line` (a newline is added where it has none)."""
+
+    def close(self) -> None:
+        """No more lines come."""
+
+
+class OutputSink(LineSink):
     """Writes one worker's stream to the console as `[label]<stdout>:line`, where `label()` is
     the worker's current rank, and, with a directory, raw lines to `DIR/<name>/<stream>`.
 
@@ -71,12 +81,12 @@ class OutputSink:
             self._file.close()
 
 
-def _write_lines(sink: OutputSink, data: bytes) -> bytes:
+def write_lines(sink: LineSink, data: bytes) -> bytes:
     """Write the complete lines of `data` (and a partial one past 64 KiB); return the rest."""
     *lines, rest = data.split(b"\n")
     for line in lines:
         sink.write_line(line + b"\n")
-    if len(rest) > _CHUNK:
+    if len(rest) > CHUNK:
         sink.write_line(rest)
         rest = b""
     return rest
@@ -86,44 +96,8 @@ async def pump(reader: asyncio.StreamReader, sink: OutputSink) -> None:
     """Copy `reader` to `sink` line by line until end of stream; very long lines are split."""
     pending = b""
     try:
-        while chunk := await reader.read(_CHUNK):
-            pending = _write_lines(sink, pending + chunk)
-        if pending:
-            sink.write_line(pending)
-    finally:
-        sink.close()
-
-
-FOLLOW_POLL = 0.05  # seconds between looks at a followed file that has nothing new...
-FOLLOW_POLL_IDLE = 0.5  # ...growing to this while it stays quiet
-
-
-async def follow(
-    path: str, sink: OutputSink, offset: int, ended: Callable[[], bool], at: Callable[[int], None]
-) -> None:
-    """Copy `path` to `sink` line by line from byte `offset`, as it grows, until `ended()`
-    holds and the file is drained; `at(offset)` is told how far it has been shown."""
-    pending = b""
-    try:
-        while not Path(path).exists():
-            if ended():
-                return
-            await asyncio.sleep(FOLLOW_POLL_IDLE)
-        with open(path, "rb") as source:
-            source.seek(offset)
-            idle = FOLLOW_POLL
-            while True:
-                finished = ended()  # read after this: nothing written before it is missed
-                chunk = source.read(_CHUNK)
-                if not chunk:
-                    if finished:
-                        break
-                    await asyncio.sleep(idle)
-                    idle = min(idle * 2, FOLLOW_POLL_IDLE)  # a quiet worker costs little
-                    continue
-                idle = FOLLOW_POLL
-                pending = _write_lines(sink, pending + chunk)
-                at(source.tell() - len(pending))
+        while chunk := await reader.read(CHUNK):
+            pending = write_lines(sink, pending + chunk)
         if pending:
             sink.write_line(pending)
     finally:
