@@ -33,7 +33,7 @@ from elastic.driver.discovery.cooldown import Cooldown
 from elastic.driver.discovery.hosts import HostSpec, parse_host_list
 from elastic.driver.errors import LaunchError, UsageError
 from elastic.driver.journal.backend import StateBackend
-from elastic.driver.journal.journal import JobJournal
+from elastic.driver.journal.journal import JobJournal, backend_for
 from elastic.driver.journal.memory import MemoryBackend, MemoryKeyValueStore
 from elastic.driver.journal.record import (
     CooldownRecord,
@@ -179,6 +179,11 @@ class Job:
         self._given_hosts = hosts
         self._given_discovery = discovery
         self._configure(settings)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Job:
+        """A job with the collaborators its settings name (the state backend among them)."""
+        return cls(settings, backend=backend_for(settings.backend))
 
     def _configure(self, settings: Settings) -> None:
         self.settings = settings

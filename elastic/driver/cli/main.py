@@ -16,12 +16,9 @@ from elastic.driver.discovery import DiscoveryError, ScriptDiscovery
 from elastic.driver.discovery.hosts import HostSpec, parse_host_list, read_hostfile
 from elastic.driver.errors import LaunchError, UsageError
 from elastic.driver.job import Job
-from elastic.driver.journal.backend import StateBackend
-from elastic.driver.journal.etcd import EtcdBackend
-from elastic.driver.journal.memory import MemoryBackend
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.server.tls import TlsIdentity
-from elastic.driver.settings import MAX_NP, BackendSettings, ElasticSettings, Settings
+from elastic.driver.settings import MAX_NP, ElasticSettings, Settings
 
 log = logging.getLogger("elasticrun")
 
@@ -281,14 +278,8 @@ def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
     return settings if elastic else None
 
 
-def make_backend(settings: BackendSettings) -> StateBackend:
-    if settings.etcd is not None:
-        return EtcdBackend(settings.etcd)
-    return MemoryBackend()
-
-
 async def _run(settings: Settings) -> int:
-    job = Job(settings, backend=make_backend(settings.backend))
+    job = Job.from_settings(settings)
     if settings.backend.durable:
         log.info("job %s (state in etcd)", job.job_id)
     loop = asyncio.get_running_loop()

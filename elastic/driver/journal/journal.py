@@ -9,10 +9,20 @@ from typing import Any
 
 from elastic.driver.errors import LaunchError
 from elastic.driver.journal.backend import BackendError, JobLocked, StateBackend
+from elastic.driver.journal.etcd import EtcdBackend
+from elastic.driver.journal.memory import MemoryBackend
 from elastic.driver.journal.record import JobResult, JobSecret, JobSpec
 from elastic.driver.journal.resume import describe_holder, holder_alive, holder_description
 from elastic.driver.journal.saver import StateSaver
+from elastic.driver.settings import BackendSettings
 from elastic.protocol.etcd import DriverAddress
+
+
+def backend_for(settings: BackendSettings) -> StateBackend:
+    """The backend the settings name: etcd when its endpoints are given, else memory."""
+    if settings.etcd is not None:
+        return EtcdBackend(settings.etcd)
+    return MemoryBackend()
 
 
 class JobJournal:
