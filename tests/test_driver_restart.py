@@ -236,7 +236,7 @@ def test_a_driver_whose_claim_another_took_leaves_the_workers_to_it(
     assert pids_alive(list(pids.values())) == list(pids.values()), "workers left running"
 
     second = elasticrun(args, env)
-    second.wait_for(r"resuming job stolen at epoch 1: 2 worker\(s\) to re-adopt", timeout=30)
+    second.wait_for(r"resuming job stolen at round 1: 2 worker\(s\) to re-adopt", timeout=30)
     hold.touch()
     assert second.finish(120) == 0, second.transcript()
     assert assert_exactly_once(tmp_path)["size"] == 2
