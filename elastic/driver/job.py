@@ -804,8 +804,9 @@ class Job:
             if self._workers[worker_id].state is WorkerState.LAUNCHING:
                 self._workers[worker_id].state = WorkerState.MEMBER  # a leaving one stays so
         self._save_soon()
-        added = [w for w in members if w not in previous]
-        removed = [w for w in previous if w not in members]
+        before, after = set(previous), set(members)  # sets: O(N), not O(N²), per round
+        added = [w for w in members if w not in before]
+        removed = [w for w in previous if w not in after]
         self._update_version += 1
         update = HostsUpdated(
             self._update_version,

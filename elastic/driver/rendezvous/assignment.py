@@ -19,18 +19,21 @@ def plan_slots(hostnames: list[str]) -> list[SlotInfo]:
         local_ranks.append(local_sizes.get(hostname, 0))
         local_sizes[hostname] = local_ranks[-1] + 1
     host_order = list(local_sizes)
+    cross: dict[int, dict[str, int]] = {}  # local rank -> its hosts' cross ranks: O(N) in all
+    for local_rank in range(max(local_sizes.values(), default=0)):
+        peers = [h for h in host_order if local_sizes[h] > local_rank]
+        cross[local_rank] = {h: index for index, h in enumerate(peers)}
     slots = []
     for rank, (hostname, local_rank) in enumerate(zip(hostnames, local_ranks, strict=True)):
-        peers = [h for h in host_order if local_sizes[h] > local_rank]
         slots.append(
             SlotInfo(
                 hostname=hostname,
                 rank=rank,
                 local_rank=local_rank,
-                cross_rank=peers.index(hostname),
+                cross_rank=cross[local_rank][hostname],
                 size=len(hostnames),
                 local_size=local_sizes[hostname],
-                cross_size=len(peers),
+                cross_size=len(cross[local_rank]),
             )
         )
     return slots
