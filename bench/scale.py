@@ -22,9 +22,12 @@ failed host 600 s, so that no host comes back, and nothing is launched, during a
 One trial per size and backend; from CLOCK_MONOTONIC stamps, comparable across processes:
 
 * `first_round_s`: the driver's first launch to the last of the N workers receiving its slot
-  in round 1 (`run_to_first_round_s`: from `Job.run()`, adding the backend claim and the
-  servers' start); the driver forms round 1 before it launches anybody, so this is launching,
-  registering, opening the streams and joining;
+  in round 1 (`start.run_to_first_round_s`: from `Job.run()`, adding the backend claim and
+  the servers' start); the driver forms round 1 before it launches anybody, so this is
+  launching, registering, opening the streams and joining. None when the driver declared
+  some workers dead first (missed heartbeats while it was too busy to read them): `start`
+  then says how many joined round 1, and in which round, after how long, with how many
+  workers the job settled (every live worker in the driver's newest round);
 * `idle`: after a settling time (the heartbeat interval, at least 2 s), the driver process'
   CPU time over `--idle-seconds` (10) of steady state, heartbeats flowing, as a percentage of
   one core; the client processes' and etcd's beside it; the driver's resident memory
@@ -39,14 +42,21 @@ One trial per size and backend; from CLOCK_MONOTONIC stamps, comparable across p
 * `one_percent`: the same for 1 % of the workers (`--death-fraction`) dying at once.
   `declared_dead` counts survivors the driver declared dead meanwhile (missed heartbeats).
 
+Every failed call a simulated worker tries again is counted by call and status
+(`worker_retries`). They retry what the worker retries, and CANCELLED too, which the worker's
+`ControlClient` does not: `workers_with_register_cancelled` counts the workers whose start a
+real worker would have given up (see `bench.simulated.SimWorker._call`). The simulated
+workers all start the moment they are launched (`--start-spread S`: each after a random delay
+of up to S s, as a real worker's interpreter and imports would spread them).
+
 Side by side (`--no-tcpstore` to skip), `bench.tcpstore_rendezvous`: N clients of torch's
 `TCPStore` (libuv server) in the same number of client processes each `add` a counter and
 `wait` on a barrier key set by the last one: what torchrun's c10d rendezvous pays at least.
 
 `--profile FILE` adds one more trial (memory, `--profile-size` workers) with the driver under
 cProfile (stats in FILE, a summary in the JSON); `--py-spy FILE` one more, the driver sampled
-by py-spy (raw collapsed stacks in FILE). Profiling slows the driver: those trials' times are
-not the table's.
+by py-spy (raw collapsed stacks of the whole trial in FILE, of its rest window in FILE.idle).
+Profiling slows the driver: those trials' times are not the table's.
 
 Open files: each process raises its RLIMIT_NOFILE soft limit to the hard limit (`resource.
 setrlimit`): at 10,000 workers the driver holds 10,000 gRPC connections and up to 8,192 HTTP
@@ -217,8 +227,12 @@ def driver_main(args: argparse.Namespace) -> None:
 class Fleet:
     """The client processes, and what their simulated workers reported in the current trial."""
 
-    def __init__(self, processes: int) -> None:
+    def __init__(self, processes: int, start_spread: float = 0.0, seed: int = 0) -> None:
+        """`start_spread`: each worker starts after a random delay up to that many seconds
+        after its launch (0: at once)."""
         self.clients = [ClientProcess(self._on_report) for _ in range(processes)]
+        self.start_spread = start_spread
+        self._random = random.Random(seed)
         self.changes = Changes()
         self.stopped_all = 0
         self.reset()
@@ -233,7 +247,10 @@ class Fleet:
         self.killed: set[str] = set()  # died by the benchmark's hand
         self.stopped: set[str] = set()  # stopped by the driver (declared dead, job end)
         self.gone: set[str] = set()  # evicted (NOT_FOUND), left, or failed on their own
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # workers that failed on their own, before the job's end
+        self.recording = True  # False once the job is stopping (its calls are cancelled)
+        self.retries: Counter[str] = Counter()  # failed calls tried again, by call and code
+        self.register_cancelled: set[str] = set()  # workers whose Register was CANCELLED
         self._target = 0
         self._missing: set[str] = set()
 
@@ -254,6 +271,7 @@ class Fleet:
         """A launcher command from the driver: start a worker (round robin), or stop one."""
         worker_id = command.get("worker_id") or command["id"]
         if command["op"] == "start":
+            command["delay"] = self.start_spread * self._random.random()
             client = self.clients[len(self.launched) % len(self.clients)]
             self.owner[worker_id] = client
             self.launched.append(worker_id)
@@ -304,8 +322,12 @@ class Fleet:
         elif event in ("evicted", "left", "error"):
             self.gone.add(doc["id"])
             self._missing.discard(doc["id"])
-            if event != "left":
+            if event != "left" and self.recording:
                 self.errors.append(f"{doc['id']}: {doc.get('error', event)}")
+        elif event == "retry" and self.recording:
+            self.retries[doc["what"]] += 1
+            if doc["what"] == "Register CANCELLED":
+                self.register_cancelled.add(doc["id"])
         elif event == "stopped_all":
             self.stopped_all += 1
         self.changes.notify()
@@ -380,7 +402,12 @@ class DriverProcess:
     async def status(self, timeout: float = 60.0) -> dict[str, Any]:
         """The job's round, size and workers per state, as `Job.status()` says."""
         self.send({"op": "status"})
-        return await asyncio.wait_for(self._statuses.get(), timeout)
+        try:
+            return await asyncio.wait_for(self._statuses.get(), timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"the driver did not answer a status query in {timeout:g} s"
+            ) from None
 
     async def stop(self, timeout: float = 60.0) -> int | None:
         """SIGTERM the job (as `elasticrun` gets it) and wait; SIGKILL after `timeout` s."""
@@ -402,14 +429,31 @@ class DriverProcess:
             return []
         return text.splitlines()[-lines:]
 
+    def log_counts(self) -> dict[str, int]:
+        """How often the driver's log says it formed a round or declared workers dead, by
+        reason (the words of `elastic.driver.policy.liveness.Verdict`)."""
+        from elastic.driver.policy.liveness import Verdict
+
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return {}
+        counts = {"rounds formed": sum(" epoch " in x and " worker(s) on " in x for x in lines)}
+        for verdict in Verdict:
+            counts[verdict.value] = sum(verdict.value in line for line in lines)
+        counts["exited with code"] = sum("exited with code" in line for line in lines)
+        return counts
+
 
 class PySpy:
-    """py-spy sampling a process into a raw collapsed-stack file until `stop()`."""
+    """py-spy sampling a process into a raw collapsed-stack file until `stop()` (or for
+    `duration` seconds)."""
 
-    def __init__(self, pid: int, out: str) -> None:
+    def __init__(self, pid: int, out: str, duration: float | None = None) -> None:
+        limit = ["--duration", str(math.ceil(duration))] if duration else []
         self._process = subprocess.Popen(
             ["py-spy", "record", "--pid", str(pid), "--rate", "100", "--nonblocking",
-             "--format", "raw", "--output", out],
+             "--format", "raw", "--output", out, *limit],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
 
@@ -428,6 +472,72 @@ def first_at_or_after(events: list[tuple[int, float]], round_: int, since: float
     return min(times) if times else None
 
 
+async def settle(
+    fleet: Fleet,
+    driver: DriverProcess,
+    ids: list[str],
+    target: int,
+    deadline: float,
+    ended: Callable[[], str | None],
+) -> tuple[int, list[str]]:
+    """Wait until every worker of `ids` still alive is in the same round, `target` or later,
+    and the driver has formed no newer one; return that round and those workers."""
+    members = set(ids)
+    while True:
+        fleet.expect(ids, target)
+        await fleet.changes.wait(
+            lambda: fleet.missing == 0,
+            f"{fleet.missing} of {len(ids)} workers in round {target}",
+            deadline - time.monotonic(),
+            ended,
+        )
+        live = [i for i in fleet.alive() if i in members]
+        newest = max((fleet.round_of(i) for i in live), default=target)
+        if any(fleet.round_of(i) < newest for i in live):
+            target = newest  # a newer round formed while they joined: wait for it too
+            continue
+        status = await driver.status()
+        if status["epoch"] <= newest:
+            return newest, live
+        target = status["epoch"]  # the driver formed more rounds: wait for the last one
+
+
+def slowest(
+    events: dict[str, list[tuple[int, float]]], ids: list[str], round_: int, since: float
+) -> float | None:
+    """Seconds from `since` to the last of `ids` having a first event of `round_` or later
+    (None if one has none)."""
+    times = [first_at_or_after(events.get(i, []), round_, since) for i in ids]
+    known = [t for t in times if t is not None]
+    return rounded(max(known) - since) if known and len(known) == len(times) else None
+
+
+async def measure_start(
+    fleet: Fleet, driver: DriverProcess, n: int, timeout: float, ended: Callable[[], str | None]
+) -> dict[str, Any]:
+    """Round 1 (formed before any launch) with every worker, or, when the driver declares
+    some dead first, the round it settles on with the others."""
+    deadline = time.monotonic() + timeout
+    await fleet.changes.wait(lambda: len(fleet.launched) >= n, f"{n} launches", timeout, ended)
+    final, live = await settle(fleet, driver, fleet.launched, 1, deadline, ended)
+    assert fleet.first_launch is not None and driver.run_at is not None
+    cpu = process_cpu_seconds(driver.pid) or 0.0
+    in_first = [min((t for r, t in fleet.formed.get(i, []) if r == 1), default=None)
+                for i in fleet.launched]  # fmt: skip
+    joined = [t for t in in_first if t is not None]
+    complete = len(joined) == n
+    return {
+        "first_round_s": rounded(max(joined) - fleet.first_launch) if complete else None,
+        "run_to_first_round_s": rounded(max(joined) - driver.run_at) if complete else None,
+        "joined_round_1": len(joined),
+        "settled_s": slowest(fleet.formed, live, final, fleet.first_launch),
+        "settled_round": final,
+        "members_settled": len(live),
+        "declared_dead": n - len(live),
+        "driver_cpu_s": round(cpu - driver.cpu_at_run, 2),
+    }
+
+
 async def measure_deaths(
     fleet: Fleet,
     driver: DriverProcess,
@@ -440,55 +550,36 @@ async def measure_deaths(
     before = (await driver.status())["epoch"]
     doomed = set(victims)
     survivors = [i for i in fleet.alive() if i not in doomed]
-    stopped_before = set(fleet.stopped)
     deadline = time.monotonic() + timeout
     killed_at = time.monotonic()
     fleet.kill(victims)
     if exits_seen:  # the kernel closes a killed process' sockets as its parent sees it exit
         driver.send({"op": "exit", "ids": victims, "code": KILLED_EXIT, "signal": 9})
-    target = before + 1
-    while True:
-        fleet.expect(survivors, target)
-        await fleet.changes.wait(
-            lambda: fleet.missing == 0,
-            f"{fleet.missing} of {len(survivors)} survivors in round {target}",
-            deadline - time.monotonic(),
-            ended,
-        )
-        live = [i for i in fleet.alive() if i not in doomed]
-        newest = max((fleet.round_of(i) for i in live), default=target)
-        if any(fleet.round_of(i) < newest for i in live):
-            target = newest  # a newer round formed while they joined: wait for it too
-            continue
-        status = await driver.status()
-        if status["epoch"] <= newest:
-            break
-        target = status["epoch"]  # the driver formed more rounds: wait for the last one
-
-    def slowest(events: dict[str, list[tuple[int, float]]], round_: int) -> float | None:
-        """Seconds from the deaths to the last survivor's first event of `round_` or later."""
-        times = [first_at_or_after(events.get(i, []), round_, killed_at) for i in live]
-        known = [t for t in times if t is not None]
-        return rounded(max(known) - killed_at) if known and len(known) == len(times) else None
-
-    declared = (fleet.stopped - stopped_before) - doomed
+    final, live = await settle(fleet, driver, survivors, before + 1, deadline, ended)
     return {
         "deaths": len(victims),
         "survivors": len(live),
         "round_before": before,
-        "rounds": newest - before,
-        "told_s": slowest(fleet.told, before),
-        "first_round_s": slowest(fleet.formed, before + 1),
-        "reform_s": slowest(fleet.formed, newest),
-        "declared_dead": len(declared | (set(survivors) & fleet.gone)),
+        "rounds": final - before,
+        "told_s": slowest(fleet.told, live, before, killed_at),
+        "first_round_s": slowest(fleet.formed, live, before + 1, killed_at),
+        "reform_s": slowest(fleet.formed, live, final, killed_at),
+        "declared_dead": len(survivors) - len(live),
     }
 
 
 async def measure_idle(
-    fleet: Fleet, driver: DriverProcess, etcd_pid: int | None, heartbeat: float, window: float
+    fleet: Fleet,
+    driver: DriverProcess,
+    etcd_pid: int | None,
+    heartbeat: float,
+    window: float,
+    py_spy: str | None = None,
 ) -> dict[str, Any]:
-    """CPU of the driver, the client processes and etcd over `window` s of steady state."""
+    """CPU of the driver, the client processes and etcd over `window` s of steady state
+    (`py_spy`: the driver sampled by py-spy meanwhile, into that file)."""
     await asyncio.sleep(max(2.0, heartbeat))  # heartbeats in their rhythm, joins answered
+    spy = PySpy(driver.pid, py_spy, window) if py_spy else None
     groups = {"driver": [driver.pid], "clients": fleet.pids, "etcd": [etcd_pid] if etcd_pid else []}
 
     def cpu() -> dict[str, float]:
@@ -498,11 +589,13 @@ async def measure_idle(
     start, t0 = cpu(), time.monotonic()
     await asyncio.sleep(window)
     end, elapsed = cpu(), time.monotonic() - t0
-    result: dict[str, Any] = {"window_s": round(elapsed, 2)}
+    result: dict[str, Any] = {"window_s": round(elapsed, 2), "workers": len(fleet.alive())}
     for name in groups:
         if groups[name]:
             result[f"{name}_cpu_pct"] = round(100 * (end[name] - start[name]) / elapsed, 1)
     result["declared_dead"] = len(fleet.stopped) - stopped_before
+    if spy is not None:
+        spy.stop()
     return result
 
 
@@ -512,13 +605,14 @@ async def run_trial(
     backend: str,
     args: argparse.Namespace,
     etcd: Any,
-    folder: str,
+    logs: str,
     *,
     warmup: bool = False,
     profile: str | None = None,
     py_spy: str | None = None,
 ) -> dict[str, Any]:
-    """One job of `n` workers: first round, rest, one death, `--death-fraction` deaths."""
+    """One job of `n` workers: first round, rest, one death, `--death-fraction` deaths; the
+    driver's log goes to the folder `logs`."""
     heartbeat = args.heartbeat or heartbeat_for(n)
     record: dict[str, Any] = {
         "n": n,
@@ -528,7 +622,7 @@ async def run_trial(
         "ok": False,
     }
     fleet.reset()
-    driver = DriverProcess(fleet, Path(folder, f"driver-{n}-{backend}-{time.time():.0f}.log"))
+    driver = DriverProcess(fleet, Path(logs, f"driver-{n}-{backend}-{time.time():.0f}.log"))
     endpoint = etcd.endpoint if backend == "etcd" else "-"
     argv = ["--driver", str(n), backend, str(heartbeat), str(args.slots_per_host), endpoint]
     await driver.start(argv + (["--driver-profile", profile] if profile else []))
@@ -540,22 +634,20 @@ async def run_trial(
 
     timeout = args.phase_timeout
     try:
-        await fleet.changes.wait(lambda: len(fleet.launched) >= n, f"{n} launches", timeout, ended)
-        fleet.expect(fleet.launched, 1)
-        await fleet.changes.wait(
-            lambda: fleet.missing == 0, f"{fleet.missing} of {n} in round 1", timeout, ended
-        )
-        cpu = process_cpu_seconds(driver.pid) or 0.0
-        first = max(fleet.formed[i][0][1] for i in fleet.alive())
-        assert fleet.first_launch is not None and driver.run_at is not None
-        record["first_round_s"] = rounded(first - fleet.first_launch)
-        record["run_to_first_round_s"] = rounded(first - driver.run_at)
-        record["driver_cpu_s_to_first_round"] = round(cpu - driver.cpu_at_run, 2)
+        record["start"] = start = await measure_start(fleet, driver, n, timeout, ended)
+        record["first_round_s"] = start["first_round_s"]
+        if not start["members_settled"]:
+            raise RuntimeError(
+                "no worker is left after the start: every one died or was declared dead"
+            )
         if warmup:
             record["ok"] = True
             return record
         etcd_pid = etcd.process.pid if backend == "etcd" else None
-        record["idle"] = await measure_idle(fleet, driver, etcd_pid, heartbeat, args.idle_seconds)
+        record["idle"] = await measure_idle(
+            fleet, driver, etcd_pid, heartbeat, args.idle_seconds,
+            py_spy=f"{py_spy}.idle" if py_spy else None,
+        )  # fmt: skip
         record["driver_rss_mib"] = process_memory_mib(driver.pid).get("rss_mib")
         exits_seen = args.death == "exit"
         victim = rng.choice(fleet.alive())
@@ -570,18 +662,29 @@ async def run_trial(
         )
         record["ok"] = True
     except Exception as err:
-        record["error"] = f"{type(err).__name__}: {err}"
-        record["in_round_1"] = sum(1 for i in fleet.launched if fleet.round_of(i) >= 1)
-        record["launched"] = len(fleet.launched)
+        record["error"] = f"{type(err).__name__}: {err}" if str(err) else repr(err)
+        record["when_it_failed"] = {  # as the simulated workers saw it
+            "launched": len(fleet.launched),
+            "joined_round_1": sum(
+                any(r == 1 for r, _ in fleet.formed.get(i, [])) for i in fleet.launched
+            ),
+            "newest_round_joined": max((fleet.round_of(i) for i in fleet.launched), default=0),
+            "alive": len(fleet.alive()),
+        }
         with contextlib.suppress(Exception):
             record["driver_status"] = await driver.status(30)
     finally:
         record["driver_peak_rss_mib"] = process_memory_mib(driver.pid).get("peak_rss_mib")
         if spy is not None:
             spy.stop()
+        fleet.recording = False
         record["exit_code"] = await driver.stop()
+        record["driver_log_counts"] = driver.log_counts()
         if not record["ok"]:
             record["driver_log_tail"] = driver.log_tail()
+        record["worker_retries"] = dict(fleet.retries.most_common())
+        # A real worker's start fails on a CANCELLED Register: these would have exited.
+        record["workers_with_register_cancelled"] = len(fleet.register_cancelled)
         if fleet.errors:
             record["worker_errors"] = fleet.errors[:5]
             record["worker_error_count"] = len(fleet.errors)
@@ -624,15 +727,23 @@ def markdown(records: list[dict[str, Any]], references: list[dict[str, Any]]) ->
     ]
     for r in records:
         one, many, idle = r.get("one_death") or {}, r.get("one_percent") or {}, r.get("idle") or {}
+        start = r.get("start") or {}
         failed = "" if r["ok"] else f" (failed: {r.get('error', '?')[:80]})"
+        first = cell(r.get("first_round_s"), " s")
+        if r.get("first_round_s") is None and start:
+            first = (
+                f"never: {start['declared_dead']} declared dead, {start['members_settled']} "
+                f"settled in round {start['settled_round']} after {cell(start['settled_s'], ' s')}"
+            )
+        at_rest = cell(idle.get("driver_cpu_pct"), " %")
+        if idle and idle["workers"] != r["n"]:
+            at_rest += f" ({idle['workers']:,} workers)"
         rows.append(
-            f"| {r['n']:,} | {r['backend']}{failed} | {cell(r['heartbeat_s'], ' s')} "
-            f"| {cell(r.get('first_round_s'), ' s')} "
+            f"| {r['n']:,} | {r['backend']}{failed} | {cell(r['heartbeat_s'], ' s')} | {first} "
             f"| {cell(one.get('told_s'), ' s')} / {cell(one.get('reform_s'), ' s')} "
             f"| {many.get('deaths', '—')} deaths: {cell(many.get('reform_s'), ' s')}, "
             f"{cell(many.get('rounds'))} rounds "
-            f"| {cell(idle.get('driver_cpu_pct'), ' %')} "
-            f"| {cell(idle.get('clients_cpu_pct'), ' %')} "
+            f"| {at_rest} | {cell(idle.get('clients_cpu_pct'), ' %')} "
             f"| {cell(r.get('driver_rss_mib'), ' MiB')} "
             f"({cell(r.get('driver_peak_rss_mib'), ' MiB')}) |"
         )
@@ -658,23 +769,25 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     references: list[dict[str, Any]] = []
     profile: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp, OtherLoad(tmp) as load:
+        logs = args.logs or tmp
+        Path(logs).mkdir(parents=True, exist_ok=True)
         etcd = None
         if "etcd" in args.backends:
             etcd = EtcdServer(Path(tmp) / "etcd")
             etcd.start()
-        fleet = Fleet(args.client_processes)
+        fleet = Fleet(args.client_processes, args.start_spread, args.seed)
         try:
             await fleet.start()
             load.own.update(fleet.pids)
             warm = await run_trial(
-                fleet, 2 * args.client_processes, "memory", args, etcd, tmp, warmup=True
+                fleet, 2 * args.client_processes, "memory", args, etcd, logs, warmup=True
             )
             if not warm["ok"]:
                 raise RuntimeError(f"the warm-up trial failed: {warm.get('error')}")
             for n in args.sizes:
                 for backend in args.backends:
                     mark, started = load.mark(), time.monotonic()
-                    record = await run_trial(fleet, n, backend, args, etcd, tmp)
+                    record = await run_trial(fleet, n, backend, args, etcd, logs)
                     record["other_processes_cpu_pct"] = load.mean_since(mark)
                     record["wall_s"] = round(time.monotonic() - started, 1)
                     records.append(record)
@@ -686,14 +799,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             profile = {}
             if args.profile:  # each profiler in a trial of its own: cProfile slows calls
                 trial = await run_trial(
-                    fleet, args.profile_size, "memory", args, etcd, tmp, profile=args.profile
+                    fleet, args.profile_size, "memory", args, etcd, logs, profile=args.profile
                 )
                 profile["cprofile"] = {"trial": trial, **summarize_cprofile(args.profile)}
             if args.py_spy:
                 trial = await run_trial(
-                    fleet, args.profile_size, "memory", args, etcd, tmp, py_spy=args.py_spy
+                    fleet, args.profile_size, "memory", args, etcd, logs, py_spy=args.py_spy
                 )
                 profile["py_spy"] = {"trial": trial, **summarize_collapsed(args.py_spy)}
+                profile["py_spy_at_rest"] = summarize_collapsed(f"{args.py_spy}.idle")
         finally:
             await fleet.close()
             if etcd is not None:
@@ -746,12 +860,19 @@ def main() -> None:
         "(exit), or the closed stream and missed heartbeats alone (stream)",
     )  # fmt: skip
     parser.add_argument("--phase-timeout", type=float, default=PHASE_TIMEOUT_S)
+    parser.add_argument(
+        "--start-spread", type=float, default=0.0, metavar="S",
+        help="each simulated worker registers after a random delay of up to S s after its "
+        "launch, as a real worker's start-up (interpreter, torch import) spreads them "
+        "(default 0: all at once, the harshest storm)",
+    )  # fmt: skip
     parser.add_argument("--no-tcpstore", dest="tcpstore", action="store_false")
     parser.add_argument("--profile", metavar="FILE", help="cProfile stats of a profiled trial")
     parser.add_argument("--py-spy", metavar="FILE", help="py-spy raw stacks of a profiled trial")
     parser.add_argument("--profile-size", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", metavar="FILE", help="write the JSON here, not to stdout")
+    parser.add_argument("--logs", metavar="DIR", help="keep the drivers' logs here")
     parser.add_argument("--driver", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--driver-profile", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -779,6 +900,7 @@ def main() -> None:
             "start_timeout_s": START_TIMEOUT_S,
             "cooldown_s": COOLDOWN_S,
             "client_processes": args.client_processes,
+            "start_spread_s": args.start_spread,
             "death": args.death,
         },
         "targets": [{"target": t[3], "metric": t[0]} for t in TARGETS],

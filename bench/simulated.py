@@ -19,7 +19,8 @@ The client process reads commands on stdin and writes reports on stdout, one JSO
 line (reports are batched every 10 ms; each carries the CLOCK_MONOTONIC time of what it reports,
 comparable across processes):
 
-* `{"op": "start", "worker_id", "driver_url", "control_address", "token"}`: start one;
+* `{"op": "start", "worker_id", "driver_url", "control_address", "token"}`: start one
+  (after `delay` seconds, if given: a real worker's interpreter and imports take a while);
 * `{"op": "kill", "ids": [...]}`: those workers die as a SIGKILLed process does: heartbeats
   stop, the gRPC channel and the HTTP connection close at once; answered by
   `{"ev": "killed", "ids", "t"}` once all are closed;
@@ -29,7 +30,8 @@ comparable across processes):
 Reports: `{"ev": "formed", "id", "epoch", "t"}` (received its slot), `{"ev": "told", "id",
 "epoch", "t"}` (learnt that `epoch`, its own, is over: the first such event's arrival),
 `{"ev": "evicted", "id", "t"}` (the driver answered NOT_FOUND: it declared the worker dead;
-a real worker exits), `{"ev": "left", "id"}` (`not_member`), `{"ev": "error", "id", "error"}`.
+a real worker exits), `{"ev": "left", "id"}` (`not_member`), `{"ev": "error", "id", "error"}`,
+`{"ev": "retry", "id", "what"}` (a call failed and is tried again: which, and why).
 
 The driver side: `ClientProcess` starts and talks to one such process; `FakeLauncher` stands
 in for the driver's launcher and hands each worker's environment to a `send` function instead
@@ -45,6 +47,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -160,6 +163,7 @@ class SimWorker:
         from elastic.worker.control import _CHANNEL_OPTIONS  # the worker's own options
 
         self.worker_id: str = spec["worker_id"]
+        self._delay: float = spec.get("delay", 0.0)  # the process' start-up before init()
         self._report = report
         self._metadata = (("authorization", f"Bearer {spec['token']}"),)
         # Each worker is its own process in reality: its own connection, no shared subchannel.
@@ -193,6 +197,7 @@ class SimWorker:
     async def _run(self) -> None:
         from elastic.protocol import control_pb2 as pb
 
+        await asyncio.sleep(self._delay)
         answer = await self._call(
             self._stub.Register,
             pb.RegisterRequest(worker_id=self.worker_id, pid=os.getpid()),
@@ -224,27 +229,45 @@ class SimWorker:
         if isinstance(error, Evicted):
             self._report({"ev": "evicted", "id": self.worker_id, "t": time.monotonic()})
         elif error is not None:
-            self._report({"ev": "error", "id": self.worker_id, "error": repr(error)[:300]})
+            frames = traceback.extract_tb(error.__traceback__)
+            where = ", ".join(f.name for f in frames if "bench" in f.filename) or "?"
+            what = f"{where}: {type(error).__name__}: {error}"
+            self._report({"ev": "error", "id": self.worker_id, "error": what[:300]})
         self._stop_now()
 
     def _epoch_over(self) -> bool:
         return self._broken >= self.epoch or self._update > self.epoch
 
+    def _retrying(self, what: str) -> None:
+        """Report one failed attempt that is tried again (`what`: the call and why)."""
+        self._report({"ev": "retry", "id": self.worker_id, "what": what})
+
     async def _call(self, method: Any, request: Any, timeout: float) -> Any:
-        """A unary call, retried like the worker's on transient codes; NOT_FOUND: `Evicted`."""
+        """A unary call, retried like the worker's on transient codes; NOT_FOUND: `Evicted`.
+
+        CANCELLED is retried too, where the worker's `ControlClient` gives up (its start
+        fails and the process exits): the gRPC client cancels calls that were waiting on a
+        connection it abandons (the worker's channel options allow 100 ms, growing to 2 s,
+        for the connection's handshake), which happens far more often with thousands of
+        channels in one client process than in a worker process of its own. Each such
+        retry is reported (`retry`, "... CANCELLED"), so the count of workers that would
+        have died of it is in the results."""
         import grpc
 
         from elastic.worker.control import _RETRYABLE  # the worker's own list
 
         backoff = Backoff()
+        name = getattr(method, "_method", b"call").decode().rpartition("/")[2]
         while True:
             try:
                 return await method(request, metadata=self._metadata, timeout=timeout)
             except grpc.aio.AioRpcError as err:
-                if err.code() == grpc.StatusCode.NOT_FOUND:
+                code = err.code()
+                if code == grpc.StatusCode.NOT_FOUND:
                     raise Evicted(self.worker_id) from err
-                if err.code() not in _RETRYABLE:
+                if code not in _RETRYABLE and code != grpc.StatusCode.CANCELLED:
                     raise
+                self._retrying(f"{name} {code.name}")
                 await backoff.wait(err)
 
     async def _join(self) -> bool:
@@ -265,6 +288,7 @@ class SimWorker:
                 if status >= 500:
                     raise HttpError(f"HTTP {status}")
             except HttpError as err:
+                self._retrying(f"join {str(err).partition(':')[0]}")
                 await backoff.wait(err)
                 continue
             if status >= 400:
@@ -296,6 +320,7 @@ class SimWorker:
             except grpc.aio.AioRpcError as err:
                 if err.code() == grpc.StatusCode.NOT_FOUND:
                     raise Evicted(self.worker_id) from err
+                self._retrying(f"Heartbeat {err.code().name}")
             next_beat = max(next_beat + self._interval, time.monotonic())
             await asyncio.sleep(next_beat - time.monotonic())
 
@@ -320,6 +345,7 @@ class SimWorker:
             except grpc.aio.AioRpcError as err:
                 if err.code() == grpc.StatusCode.NOT_FOUND:
                     raise Evicted(self.worker_id) from err
+                self._retrying(f"Events {err.code().name}")
             await asyncio.sleep(backoff)
             backoff = min(2 * backoff, BACKOFF_MAX_S)
 

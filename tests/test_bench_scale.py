@@ -33,8 +33,10 @@ def test_scale_writes_every_figure(tmp_path: Path) -> None:
     (record,) = doc["results"]
     assert record["ok"], record
     assert (record["n"], record["backend"], record["heartbeat_s"]) == (20, "memory", 1.0)
-    assert 0 < record["first_round_s"] <= record["run_to_first_round_s"]
-    assert set(record["idle"]) >= {"window_s", "driver_cpu_pct", "clients_cpu_pct"}
+    start = record["start"]
+    assert 0 < record["first_round_s"] == start["first_round_s"] <= start["run_to_first_round_s"]
+    assert (start["joined_round_1"], start["settled_round"], start["declared_dead"]) == (20, 1, 0)
+    assert set(record["idle"]) >= {"window_s", "workers", "driver_cpu_pct", "clients_cpu_pct"}
     assert record["driver_rss_mib"] > 0 and record["driver_peak_rss_mib"] > 0
     one, many = record["one_death"], record["one_percent"]
     assert (one["deaths"], one["survivors"], one["rounds"]) == (1, 19, 1)
