@@ -61,11 +61,11 @@ from bench.elastic_recovery import (  # noqa: E402
     Output,
     Step,
     TrialFailed,
-    git_state,
     processes_naming,
     summarize,
 )
 from bench.machine_load import OtherLoad  # noqa: E402 - after the path fix above
+from bench.provenance import git_state, load_averages  # noqa: E402
 
 VARIANTS = ["etcd_restart", "etcd_worker_kill", "memory_worker_kill"]
 METRICS = ["recovery_s", "restart_to_resuming_s", "steps_lost"]
@@ -415,10 +415,7 @@ def main() -> None:
         "machine_load": load.summary(),
         "leftover_processes_sigkilled_at_end": [f"{p}: {a[:160]}" for p, a in leftovers.items()],
         "wall_s": round(time.monotonic() - start, 1),
-        "loadavg_1_5_15min": {
-            "before": [round(x, 2) for x in load_before],
-            "after": [round(x, 2) for x in os.getloadavg()],
-        },
+        "loadavg_1_5_15min": load_averages(load_before),
     }
     doc["table"] = markdown(doc)
     text = json.dumps(doc, indent=2)

@@ -69,6 +69,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from bench.provenance import git_state, load_averages
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 ELASTIC_WORKLOAD = ROOT / "bench" / "workloads" / "tiny_elastic.py"
@@ -643,19 +645,6 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def git_state() -> dict[str, Any]:
-    """The commit measured, and the files that differ from it (the code may be in flux)."""
-
-    def git(*args: str) -> str:
-        try:
-            done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
-        except OSError:
-            return ""
-        return done.stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"), "changed": git("status", "--short").splitlines()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5)
@@ -740,10 +729,7 @@ def main() -> None:
         "systems": {},
         "trials": [],
         "wall_s": round(time.perf_counter() - start, 1),
-        "loadavg_1_5_15min": {
-            "before": [round(x, 2) for x in load_before],
-            "after": [round(x, 2) for x in os.getloadavg()],
-        },
+        "loadavg_1_5_15min": load_averages(load_before),
     }
     for name in names:
         summary = summarize_system(records[name])

@@ -7,11 +7,13 @@ saver, liveness checks) runs in this process, once with `MemoryBackend` and once
 `EtcdBackend` on a real etcd server (`tests/etcd_server.py`, loopback, a fresh `--job-id` per
 trial), the two interleaved per trial (alternating which goes first). Only the launcher is
 replaced: `FakeLauncher` starts no process but hands each worker's environment to a separate
-client process (`--clients`, asyncio: grpc.aio + httpx) where a simulated worker does what
-`elastic.worker.runtime.init` and the elastic run loop do on the wire: gRPC Register (job token
-as `authorization: Bearer ...`), the Events stream (opened before joining), a Heartbeat every
-heartbeat interval, and `POST /v1/rendezvous/join` until `formed`; on `EpochBroken` /
-`HostsUpdated` it joins again with `after_epoch` = its epoch. No torch, no process group.
+client process (`bench.simulated`, asyncio: grpc.aio and a minimal HTTP/1.1 client) where a
+simulated worker does what `elastic.worker.runtime.init` and the elastic run loop do on the
+wire: gRPC Register (job token as `authorization: Bearer ...`), the Events stream (opened
+before joining), a Heartbeat every heartbeat interval, and `POST /v1/rendezvous/join` until
+`formed`; on `EpochBroken` / `HostsUpdated` it joins again with `after_epoch` = its epoch. No
+torch, no process group. `bench/scale.py` uses the same workers, in several processes, against
+a driver in its own process, up to 10,000 workers.
 
 Each trial of an elastic job `-np N --min-np 1 --max-np N -H localhost:N` (N = 2, 4, 8 and
 1000 simulated workers) measures, in seconds:
@@ -40,19 +42,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import platform
-import resource
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +61,14 @@ if __package__ in (None, ""):  # run as a file: make `bench`, `elastic` and `tes
     sys.path.insert(0, str(ROOT))
 
 from bench.machine_load import OtherLoad  # noqa: E402 - after the path fix above
+from bench.provenance import git_state, load_averages  # noqa: E402
+from bench.simulated import (  # noqa: E402
+    Changes,
+    ClientProcess,
+    FakeLauncher,
+    make_job,
+    raise_open_files_limit,
+)
 
 SMALL_SIZES = (2, 4, 8)
 LARGE_SIZE = 1000
@@ -80,224 +87,46 @@ CALL_TIMEOUT_S = 10.0
 METRICS = ("first_epoch_s", "run_to_first_epoch_s", "reform_s", "idle_cpu_pct")
 
 
-# --- the client process: simulated workers ---------------------------------------------------
-
-
-class SimWorker:
-    """One simulated worker: register, open the event stream, heartbeat, join epochs."""
-
-    def __init__(self, spec: dict[str, Any], tls: Any, report: Any) -> None:
-        import httpx
-
-        self.spec = spec
-        self.worker_id: str = spec["worker_id"]
-        # Its own client and connection, as a worker process has (httpx's pool scans every
-        # connection it holds for each request: one pool of 1000 would cost O(N) a request).
-        self._http = httpx.AsyncClient(verify=tls)
-        self._report = report
-        self._auth = f"Bearer {spec['token']}"
-        self.epoch = 0
-        self._broken = 0  # newest EpochBroken epoch seen
-        self._update = 0  # newest HostsUpdated next_epoch seen
-        self._wake = asyncio.Event()
-        self._channel: Any = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self.main: asyncio.Task[None] | None = None
-
-    async def run(self) -> None:
-        from grpc import aio
-
-        from elastic.protocol import control_pb2 as pb
-        from elastic.protocol import control_pb2_grpc as pb_grpc
-
-        metadata = (("authorization", self._auth),)
-        # Each worker is its own process in reality: its own connection, no shared subchannel.
-        self._channel = aio.insecure_channel(
-            self.spec["control_address"], options=[("grpc.use_local_subchannel_pool", 1)]
-        )
-        stub = pb_grpc.ControlStub(self._channel)
-        answer = await stub.Register(
-            pb.RegisterRequest(worker_id=self.worker_id, pid=os.getpid()),
-            metadata=metadata,
-            timeout=CALL_TIMEOUT_S,
-        )
-        interval = answer.heartbeat_interval or 1.0
-        self._tasks.append(asyncio.create_task(self._heartbeats(stub, pb, metadata, interval)))
-        call = stub.Events(pb.EventsRequest(worker_id=self.worker_id), metadata=metadata)
-        await call.initial_metadata()  # the driver accepted the stream: no event is missed
-        self._tasks.append(asyncio.create_task(self._events(call)))
-        while True:
-            if not await self._join():
-                return
-            while not (self._broken >= self.epoch or self._update > self.epoch):
-                self._wake.clear()
-                await self._wake.wait()
-
-    async def _join(self) -> bool:
-        """Join the first epoch after `self.epoch`; False when told to leave the job."""
-        url = self.spec["driver_url"] + "/v1/rendezvous/join"
-        while True:
-            body = {
-                "worker_id": self.worker_id,
-                "after_epoch": self.epoch,
-                "pid": os.getpid(),
-                "timeout": 30.0,
-            }
-            answer = await self._http.post(
-                url, json=body, headers={"Authorization": self._auth}, timeout=45.0
-            )
-            answer.raise_for_status()
-            data = answer.json()
-            if data["status"] == "formed":
-                self.epoch = data["epoch"]
-                self._report(
-                    {"ev": "formed", "id": self.worker_id, "epoch": self.epoch,
-                     "t": time.monotonic()}
-                )  # fmt: skip
-                return True
-            if data["status"] == "not_member":
-                return False
-
-    async def _heartbeats(self, stub: Any, pb: Any, metadata: Any, interval: float) -> None:
-        import grpc
-
-        while True:
-            try:
-                await stub.Heartbeat(
-                    pb.HeartbeatRequest(worker_id=self.worker_id, epoch=self.epoch),
-                    metadata=metadata,
-                    timeout=max(1.0, interval),
-                )
-            except grpc.RpcError as err:
-                if err.code() == grpc.StatusCode.NOT_FOUND:  # declared dead
-                    return
-            await asyncio.sleep(interval)
-
-    async def _events(self, call: Any) -> None:
-        async for event in call:
-            kind = event.WhichOneof("kind")
-            if kind == "epoch_broken":
-                self._broken = max(self._broken, event.epoch_broken.epoch)
-            elif kind == "hosts_updated":
-                self._update = max(self._update, event.hosts_updated.next_epoch)
-            self._wake.set()
-
-    async def stop(self) -> None:
-        for task in [*self._tasks, *([self.main] if self.main else [])]:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._channel is not None:
-            await self._channel.close(grace=None)
-        await self._http.aclose()
-
-
-async def serve_clients() -> None:
-    """The client process: commands on stdin, one JSON object a line; reports on stdout."""
-    import ssl
-
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 24)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    out = sys.stdout
-
-    def report(doc: dict[str, Any]) -> None:
-        out.write(json.dumps(doc) + "\n")
-        out.flush()
-
-    # Plain HTTP: the context is never used, but one shared object spares each client
-    # loading the CA bundle.
-    tls = ssl.create_default_context()
-    sims: dict[str, SimWorker] = {}
-
-    def finished(sim: SimWorker, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
-        if (error := task.exception()) is not None:
-            report({"ev": "error", "id": sim.worker_id, "error": repr(error)})
-
-    while line := await reader.readline():
-        command = json.loads(line)
-        op = command["op"]
-        if op == "start":
-            sim = SimWorker(command, tls, report)
-            sims[sim.worker_id] = sim
-            sim.main = asyncio.create_task(sim.run())
-            sim.main.add_done_callback(lambda task, sim=sim: finished(sim, task))
-        elif op == "stop":
-            if (sim := sims.pop(command["id"], None)) is not None:
-                await sim.stop()
-            report({"ev": "stopped", "id": command["id"]})
-        elif op == "stop_all":
-            doomed, sims = list(sims.values()), {}
-            await asyncio.gather(*(s.stop() for s in doomed), return_exceptions=True)
-            report({"ev": "stopped_all", "n": len(doomed)})
-        elif op == "exit":
-            break
-
-
-# --- the driver side -------------------------------------------------------------------------
-
-
 class Clients:
-    """The client process, as seen from the driver's event loop: send commands, collect when
-    each simulated worker received its slot in which epoch."""
+    """The client process (`bench.simulated`), as seen from the driver's event loop: send
+    commands, collect when each simulated worker received its slot in which epoch."""
 
     def __init__(self) -> None:
-        self.process: asyncio.subprocess.Process | None = None
+        self._client = ClientProcess(self._on_report)
         self.formed: dict[str, tuple[int, float]] = {}  # worker id -> (epoch, monotonic t)
         self.errors: list[str] = []
         self.stopped_all = 0
-        self._changed = asyncio.Event()
-        self._reader: asyncio.Task[None] | None = None
+        self._changes = Changes()
+
+    @property
+    def pid(self) -> int:
+        return self._client.pid
 
     async def start(self) -> None:
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bench.etcd_backend",
-            "--clients",
-            cwd=ROOT,
-            env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            limit=1 << 24,
-        )
-        self._reader = asyncio.create_task(self._read())
+        await self._client.start()
 
-    async def _read(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        while line := await self.process.stdout.readline():
-            doc = json.loads(line)
-            if doc["ev"] == "formed":
-                self.formed[doc["id"]] = (doc["epoch"], doc["t"])
-            elif doc["ev"] == "stopped_all":
-                self.stopped_all += 1
-            elif doc["ev"] == "error":
-                self.errors.append(f"{doc['id']}: {doc['error']}")
-            self._changed.set()
-        self._changed.set()
+    def _on_report(self, doc: dict[str, Any]) -> None:
+        if doc["ev"] == "formed":
+            self.formed[doc["id"]] = (doc["epoch"], doc["t"])
+        elif doc["ev"] == "stopped_all":
+            self.stopped_all += 1
+        elif doc["ev"] in ("error", "evicted"):
+            self.errors.append(f"{doc['id']}: {doc.get('error', 'declared dead')}")
+        self._changes.notify()
 
     def send(self, command: dict[str, Any]) -> None:
-        assert self.process is not None and self.process.stdin is not None
-        self.process.stdin.write((json.dumps(command) + "\n").encode())
+        self._client.send(command)
 
     async def wait(
         self, predicate: Any, what: str, timeout: float, ended: Any = lambda: None
     ) -> None:
         """Until `predicate()`; raises TimeoutError after `timeout` s, RuntimeError when the
         client process exits or `ended()` says why the job ended."""
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if self.process is not None and self.process.returncode is not None:
-                raise RuntimeError(f"waiting for {what}: the client process exited")
-            if (why := ended()) is not None:
-                raise RuntimeError(f"waiting for {what}: {why}")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"waiting for {what}: nothing within {timeout:g} s")
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):  # also polls: launches report nothing
-                await asyncio.wait_for(self._changed.wait(), min(remaining, 0.05))
+
+        def why() -> str | None:
+            return ended() if self._client.running else "the client process exited"
+
+        await self._changes.wait(predicate, what, timeout, why)
 
     async def formed_at(
         self, ids: list[str], epoch: int, timeout: float, ended: Any = lambda: None
@@ -318,148 +147,27 @@ class Clients:
         self.formed.clear()
 
     async def close(self) -> None:
-        if self.process is None:
-            return
-        with contextlib.suppress(Exception):
-            self.send({"op": "exit"})
-            assert self.process.stdin is not None
-            await self.process.stdin.drain()
-            self.process.stdin.close()
-        try:
-            await asyncio.wait_for(self.process.wait(), 10)
-        except TimeoutError:
-            self.process.kill()
-            await self.process.wait()
-        if self._reader is not None:
-            await self._reader
+        await self._client.close()
 
 
-def fake_process_class() -> type:
-    from elastic.driver.launch.base import WorkerProcess
-
-    class FakeProcess(WorkerProcess):
-        """A worker that is a simulated client: `wait()` returns when `end()` is called (a
-        death, or the driver's terminate/kill), and then its client stops."""
-
-        def __init__(self, worker_id: str, pid: int, clients: Clients) -> None:
-            self.worker_id = worker_id
-            self._pid = pid
-            self._clients = clients
-            self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            self._signal: int | None = None
-            self.stdout = asyncio.StreamReader()
-            self.stdout.feed_eof()
-            self.stderr = asyncio.StreamReader()
-            self.stderr.feed_eof()
-
-        @property
-        def pid(self) -> int:
-            return self._pid
-
-        @property
-        def signal(self) -> int | None:
-            return self._signal
-
-        async def wait(self) -> int:
-            # Shielded: the driver cancels tasks awaiting wait(); that must not end the worker.
-            return await asyncio.shield(self._exit)
-
-        def end(self, code: int, sig: int | None = None) -> None:
-            if not self._exit.done():
-                self._signal = sig
-                self._exit.set_result(code)
-                self._clients.send({"op": "stop", "id": self.worker_id})
-
-        def terminate(self) -> None:
-            self.end(128 + signal.SIGTERM, signal.SIGTERM)
-
-        def kill(self) -> None:
-            self.end(128 + signal.SIGKILL, signal.SIGKILL)
-
-    return FakeProcess
-
-
-class FakeLauncher:
-    """Stands in for the driver's launcher: `launch(spec)` starts no process; it hands the
-    worker's environment to the client process. A detached spec (`log_dir`, etcd backend)
-    gets its empty stdout/stderr files, as the keeper would create them."""
-
-    def __init__(self, clients: Clients) -> None:
-        from elastic.protocol import env
-
-        self._env = env
-        self._clients = clients
-        self._process_class = fake_process_class()
-        self.processes: dict[str, Any] = {}
-        self.first_launch: float | None = None
-
-    async def launch(self, spec: Any) -> Any:
-        if self.first_launch is None:
-            self.first_launch = time.monotonic()
-        env = spec.env
-        if spec.log_dir is not None:
-            os.makedirs(spec.log_dir, exist_ok=True)
-            for stream in ("stdout", "stderr"):
-                Path(spec.log_dir, stream).touch()
-        worker_id = env[self._env.WORKER_ID]
-        self._clients.send(
-            {
-                "op": "start",
-                "worker_id": worker_id,
-                "driver_url": env[self._env.DRIVER_URL],
-                "control_address": env[self._env.CONTROL_ADDRESS],
-                "token": env[self._env.TOKEN],
-            }
-        )
-        assert self._clients.process is not None
-        process = self._process_class(worker_id, self._clients.process.pid, self._clients)
-        self.processes[worker_id] = process
-        return process
-
-    async def check_reachable(self, hostname: str, timeout: float) -> None:
-        return None
-
-
-def make_job(
+def make_trial_job(
     variant: str, n: int, etcd_endpoint: str | None, clients: Clients, heartbeat: float = 1.0
-) -> tuple:
+) -> tuple[Any, FakeLauncher]:
     """A Job with the real driver for `variant` (memory, etcd, etcd_pipes) and its launcher."""
     from elastic.driver.discovery.hosts import HostSpec
-    from elastic.driver.job import Job
-    from elastic.driver.journal.etcd import EtcdBackend
-    from elastic.driver.journal.memory import MemoryBackend
-    from elastic.driver.launch.host_access import HostAccess
-    from elastic.driver.settings import BackendSettings, ElasticSettings, Settings
-    from elastic.protocol.etcd import EtcdOptions, parse_endpoints
 
-    job_id = f"bench-{uuid.uuid4().hex[:10]}"
-    if variant == "memory":
-        backend_settings = BackendSettings(job_id=job_id)
-        backend: Any = MemoryBackend()
-    else:
-        assert etcd_endpoint is not None
-        options = EtcdOptions(parse_endpoints(etcd_endpoint))
-        backend_settings = BackendSettings(etcd=options, job_id=job_id)
-        backend = EtcdBackend(options)
-    settings = Settings(
-        np=n,
-        hosts=[HostSpec("localhost", n)],
-        command=["python", "train.py"],  # never run: the launcher is fake
+    launcher = FakeLauncher(clients.send, clients.pid)
+    job = make_job(
+        "memory" if variant == "memory" else "etcd",
+        [HostSpec("localhost", n)],
+        launcher,
+        etcd_endpoint=etcd_endpoint,
+        heartbeat=heartbeat,
         start_timeout=FORM_TIMEOUT_S,
-        heartbeat_interval=heartbeat,
-        elastic=ElasticSettings(min_np=1, max_np=n, discovery_script=None),
-        backend=backend_settings,
+        # etcd_pipes: the workers' output through pipes, as for a remote host, not followed
+        # files.
+        detached=variant == "etcd",
     )
-    launcher = FakeLauncher(clients)
-    # etcd_pipes: the workers' output through pipes, as for a remote host, not followed files.
-    hosts = HostAccess(
-        settings.ssh,
-        settings.stop_grace,
-        settings.start_timeout,
-        detached=variant != "etcd_pipes" and settings.backend.durable,
-        local_launcher=launcher,
-    )
-    job = Job(settings, backend=backend, hosts=hosts)
     return job, launcher
 
 
@@ -474,7 +182,7 @@ async def run_trial(
     """One job: launch `n` simulated workers, time epoch 1, 2 s of steady state, one death
     and epoch 2; then stop the job (SIGTERM) and every simulated worker."""
     record: dict[str, Any] = {"variant": variant, "n": n, "heartbeat_s": heartbeat, "ok": False}
-    job, launcher = make_job(variant, n, etcd_endpoint, clients, heartbeat)
+    job, launcher = make_trial_job(variant, n, etcd_endpoint, clients, heartbeat)
     record["job_id"] = job.job_id
     started = time.monotonic()
     run = asyncio.create_task(job.run())
@@ -543,17 +251,6 @@ def summarize(values: list[float]) -> dict[str, float | int]:
     }
 
 
-def git_state() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        try:
-            done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
-        except OSError:
-            return ""
-        return done.stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"), "changed": git("status", "--short").splitlines()}
-
-
 def markdown(results: list[dict[str, Any]]) -> str:
     """Medians [min–max] per workers and metric; ratios of medians to memory's."""
     rows = [
@@ -612,8 +309,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         clients = Clients()
         try:
             await clients.start()
-            assert clients.process is not None
-            load.own.add(clients.process.pid)
+            load.own.add(clients.pid)
             for variant in ("memory", "etcd"):  # untimed: imports, first connections
                 warmup = await run_trial(variant, 2, etcd.endpoint, clients, SMALL_HEARTBEAT_S)
                 if not warmup["ok"]:
@@ -710,16 +406,11 @@ def main() -> None:
     parser.add_argument(
         "--sizes", type=lambda s: [int(x) for x in s.split(",")], default=list(SMALL_SIZES)
     )
-    parser.add_argument("--clients", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.clients:
-        asyncio.run(serve_clients())
-        return
     logging.basicConfig(format="elasticrun: %(message)s", level=logging.WARNING)
     # Warnings and errors of each trial (the simulated death, the cooldown) are expected noise.
     logging.getLogger("elasticrun").setLevel(logging.CRITICAL)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    raise_open_files_limit()
     start = time.monotonic()
     load_before = os.getloadavg()
     code = git_state()
@@ -766,10 +457,7 @@ def main() -> None:
         "machine_load": outcome["machine"],
         "trials": outcome["records"],
         "wall_s": round(time.monotonic() - start, 1),
-        "loadavg_1_5_15min": {
-            "before": [round(x, 2) for x in load_before],
-            "after": [round(x, 2) for x in os.getloadavg()],
-        },
+        "loadavg_1_5_15min": load_averages(load_before),
     }
     doc["table"] = markdown(outcome["results"])
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,36 @@ from pathlib import Path
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def _stat_cpu_seconds(stat: str) -> float:
+    """User + system CPU seconds (all threads) from the text of /proc/PID/stat."""
+    fields = stat.rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds process `pid` has used so far, all threads (None: it is gone)."""
+    try:
+        return _stat_cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
+    except OSError:
+        return None
+
+
+def process_memory_mib(pid: int) -> dict[str, float]:
+    """Resident memory of process `pid` now (`rss_mib`) and at its peak (`peak_rss_mib`);
+    empty when it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    found = {}
+    for line in status.splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            key = "rss_mib" if name == "VmRSS" else "peak_rss_mib"
+            found[key] = round(int(value.split()[0]) / 1024, 1)
+    return found
+
+
 def _cpu_times() -> dict[int, tuple[float, str]]:
     """pid -> (user + system CPU seconds, command line) of every readable process."""
     found = {}
@@ -23,11 +53,11 @@ def _cpu_times() -> dict[int, tuple[float, str]]:
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            cpu = _stat_cpu_seconds((entry / "stat").read_text())
             argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        found[int(entry.name)] = ((int(fields[11]) + int(fields[12])) / _TICKS, argv)
+        found[int(entry.name)] = (cpu, argv)
     return found
 
 

@@ -1,0 +1,31 @@
+"""What a benchmark's JSON records about the code measured and the machine's load around it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_state() -> dict[str, Any]:
+    """The commit measured, and the files that differ from it (the code may be in flux)."""
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        except OSError:
+            return ""
+        return done.stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "changed": git("status", "--short").splitlines()}
+
+
+def load_averages(before: tuple[float, float, float]) -> dict[str, list[float]]:
+    """The 1, 5 and 15 minute load averages `before` (`os.getloadavg()` at the start) and now."""
+    return {
+        "before": [round(x, 2) for x in before],
+        "after": [round(x, 2) for x in os.getloadavg()],
+    }

@@ -1,0 +1,707 @@
+"""Simulated workers for driver benchmarks: the real driver, workers without torch.
+
+A simulated worker does on the wire what `elastic.worker.runtime.init` and the elastic run loop
+do, with the worker's own timeouts, retries and gRPC channel options: gRPC `Register` (job token
+as `authorization: Bearer ...`), the `Events` stream (opened, and accepted by the driver, before
+joining; reopened with a backoff when it ends), a `Heartbeat` every heartbeat interval (the
+epoch it is in, commit 0), and `POST /v1/rendezvous/join` until `formed`. On `EpochBroken` of
+its epoch or `HostsUpdated` to a newer one it joins again with `after_epoch` = its epoch at
+once (a real worker does so at its next collective or commit). No process group, no torch.
+
+Many simulated workers share one asyncio process (`python -m bench.simulated`), each with its
+own gRPC channel (no shared subchannel) and its own keep-alive HTTP connection, as separate
+processes would have: the driver sees one gRPC and one HTTP connection per worker. The HTTP
+side is a minimal HTTP/1.1 client (`HttpConnection`) that keeps httpx's 5 s keep-alive expiry:
+the driver parses the same requests, and the client processes, which share the machine with
+the driver, spend far less CPU than httpx would.
+
+The client process reads commands on stdin and writes reports on stdout, one JSON object a
+line (reports are batched every 10 ms; each carries the CLOCK_MONOTONIC time of what it reports,
+comparable across processes):
+
+* `{"op": "start", "worker_id", "driver_url", "control_address", "token"}`: start one
+  (after `delay` seconds, if given: a real worker's interpreter and imports take a while);
+* `{"op": "kill", "ids": [...]}`: those workers die as a SIGKILLed process does: heartbeats
+  stop, the gRPC channel and the HTTP connection close at once; answered by
+  `{"ev": "killed", "ids", "t"}` once all are closed;
+* `{"op": "stop", "id"}` (the driver stopped it) -> `{"ev": "stopped", "id"}`;
+  `{"op": "stop_all"}` -> `{"ev": "stopped_all", "n"}`; `{"op": "exit"}`.
+
+Reports: `{"ev": "formed", "id", "epoch", "t"}` (received its slot), `{"ev": "told", "id",
+"epoch", "t"}` (learnt that `epoch`, its own, is over: the first such event's arrival),
+`{"ev": "evicted", "id", "t"}` (the driver answered NOT_FOUND: it declared the worker dead;
+a real worker exits), `{"ev": "left", "id"}` (`not_member`), `{"ev": "error", "id", "error"}`,
+`{"ev": "retry", "id", "what"}` (a call failed and is tried again: which, and why).
+
+The driver side: `ClientProcess` starts and talks to one such process; `FakeLauncher` stands
+in for the driver's launcher and hands each worker's environment to a `send` function instead
+of starting a process; `make_job` builds the real `Job` around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+
+RETRY_FOR_S = 60.0  # how long a worker retries a call that fails transiently
+JOIN_POLL_S = 30.0  # one join long-poll (`DriverClient.join`)
+HTTP_KEEPALIVE_EXPIRY_S = 5.0  # httpx drops a connection idle this long before reusing it
+REPORT_EVERY_S = 0.01
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.05, 2.0  # `elastic.worker.retries.bounded_retries`
+
+Report = Callable[[dict[str, Any]], None]
+Command = dict[str, Any]
+
+
+# --- the client process: simulated workers ---------------------------------------------------
+
+
+class HttpError(Exception):
+    """The driver answered 5xx or the connection failed: retried like the worker's client."""
+
+
+class HttpConnection:
+    """One keep-alive HTTP/1.1 connection to the driver, opened on demand.
+
+    Like the worker's httpx client it reconnects when the server closed the connection (the
+    driver's idle timeout, or its connection limit making room) and does not reuse one idle
+    for longer than `HTTP_KEEPALIVE_EXPIRY_S`. Every failure raises `HttpError`.
+    """
+
+    def __init__(self, url: str, token: str) -> None:
+        parts = urlsplit(url)
+        self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
+        self._head = (
+            f"Host: {parts.netloc}\r\nAccept: */*\r\nAccept-Encoding: gzip, deflate\r\n"
+            f"Connection: keep-alive\r\nUser-Agent: python-httpx/0.28.1\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        ).encode()
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._idle_since = 0.0
+
+    async def post(self, path: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+        """POST `body` (JSON) to `path`; (status, body) of the answer within `timeout` s."""
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._exchange(path, body)
+        except (OSError, EOFError, TimeoutError, ValueError, asyncio.IncompleteReadError) as err:
+            self.abort()
+            raise HttpError(f"{type(err).__name__}: {err}") from err
+
+    async def _exchange(self, path: str, body: bytes) -> tuple[int, bytes]:
+        stale = time.monotonic() - self._idle_since > HTTP_KEEPALIVE_EXPIRY_S
+        if self._reader is None or self._reader.at_eof() or stale:
+            self.abort()
+            self._reader, self._writer = await asyncio.open_connection(self._host, self._port)
+        assert self._reader is not None and self._writer is not None
+        self._writer.write(
+            b"POST %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n%s"
+            % (path.encode(), self._head, len(body), body)
+        )
+        status_line = await self._reader.readuntil(b"\r\n")
+        status = int(status_line.split(b" ", 2)[1])
+        length, close = 0, False
+        while (line := await self._reader.readuntil(b"\r\n")) != b"\r\n":
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"connection" and value.strip().lower() == b"close":
+                close = True
+        content = await self._reader.readexactly(length)
+        if close:
+            self.abort()
+        self._idle_since = time.monotonic()
+        return status, content
+
+    def abort(self) -> None:
+        """Drop the connection at once (as the kernel does for a killed process)."""
+        if self._writer is not None:
+            self._writer.transport.abort()
+        self._reader = self._writer = None
+
+
+class Backoff:
+    """The worker's retry schedule: 50 ms doubling to 2 s, for up to `RETRY_FOR_S` in all."""
+
+    def __init__(self) -> None:
+        self._deadline = time.monotonic() + RETRY_FOR_S
+        self._next = BACKOFF_FIRST_S
+
+    async def wait(self, error: BaseException) -> None:
+        """Sleep before the next attempt; re-raise `error` when the budget is spent."""
+        if time.monotonic() + self._next > self._deadline:
+            raise error
+        await asyncio.sleep(self._next)
+        self._next = min(2 * self._next, BACKOFF_MAX_S)
+
+
+class Evicted(Exception):
+    """The driver answered NOT_FOUND: it declared this worker dead."""
+
+
+class SimWorker:
+    """One simulated worker: register, open the event stream, heartbeat, join rounds."""
+
+    def __init__(self, spec: Command, report: Report) -> None:
+        from grpc import aio
+
+        from elastic.protocol import control_pb2_grpc as pb_grpc
+        from elastic.worker.control import _CHANNEL_OPTIONS  # the worker's own options
+
+        self.worker_id: str = spec["worker_id"]
+        self._delay: float = spec.get("delay", 0.0)  # the process' start-up before init()
+        self._report = report
+        self._metadata = (("authorization", f"Bearer {spec['token']}"),)
+        # Each worker is its own process in reality: its own connection, no shared subchannel.
+        self._channel = aio.insecure_channel(
+            spec["control_address"],
+            options=[*_CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)],
+        )
+        self._stub = pb_grpc.ControlStub(self._channel)
+        self._http = HttpConnection(spec["driver_url"], spec["token"])
+        self._interval = 1.0
+        self.epoch = 0
+        self._broken = 0  # newest EpochBroken epoch seen
+        self._update = 0  # newest HostsUpdated next_epoch seen
+        self._told_at: float | None = None  # when the current epoch was first announced over
+        self._wake = asyncio.Event()
+        self._stream_ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.main: asyncio.Task[None] | None = None
+        self._stopped = False
+        self._closing: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.main = asyncio.create_task(self._run())
+        self.main.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        """The worker's life ended: it left the job (`not_member`), was evicted, or failed."""
+        if not task.cancelled():
+            self._end(task.exception())
+
+    async def _run(self) -> None:
+        from elastic.protocol import control_pb2 as pb
+
+        await asyncio.sleep(self._delay)
+        answer = await self._call(
+            self._stub.Register,
+            pb.RegisterRequest(worker_id=self.worker_id, pid=os.getpid()),
+            timeout=5.0,  # `elastic.worker.control.CALL_TIMEOUT`
+        )
+        self._interval = answer.heartbeat_interval or 1.0
+        self._spawn(self._heartbeats())
+        self._spawn(self._events())
+        async with asyncio.timeout(RETRY_FOR_S):
+            await self._stream_ready.wait()  # the driver accepted it: no event is missed
+        while await self._join():
+            while not self._epoch_over():
+                self._wake.clear()
+                await self._wake.wait()
+            told = self._told_at if self._told_at is not None else time.monotonic()
+            self._report({"ev": "told", "id": self.worker_id, "epoch": self.epoch, "t": told})
+        self._report({"ev": "left", "id": self.worker_id})
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        task.add_done_callback(self._finished)  # they end only by an eviction (or a bug)
+        self._tasks.append(task)
+
+    def _end(self, error: BaseException | None) -> None:
+        """Report why the worker ends (unless it was stopped) and stop it, as its process
+        would exit."""
+        if self._stopped:
+            return
+        if isinstance(error, Evicted):
+            self._report({"ev": "evicted", "id": self.worker_id, "t": time.monotonic()})
+        elif error is not None:
+            frames = traceback.extract_tb(error.__traceback__)
+            where = ", ".join(f.name for f in frames if "bench" in f.filename) or "?"
+            what = f"{where}: {type(error).__name__}: {error}"
+            self._report({"ev": "error", "id": self.worker_id, "error": what[:300]})
+        self._stop_now()
+
+    def _epoch_over(self) -> bool:
+        return self._broken >= self.epoch or self._update > self.epoch
+
+    def _retrying(self, what: str) -> None:
+        """Report one failed attempt that is tried again (`what`: the call and why)."""
+        self._report({"ev": "retry", "id": self.worker_id, "what": what})
+
+    async def _call(self, method: Any, request: Any, timeout: float) -> Any:
+        """A unary call, retried like the worker's on transient codes; NOT_FOUND: `Evicted`.
+
+        CANCELLED is retried too, where the worker's `ControlClient` gives up (its start
+        fails and the process exits): the gRPC client cancels calls that were waiting on a
+        connection it abandons (the worker's channel options allow 100 ms, growing to 2 s,
+        for the connection's handshake), which happens far more often with thousands of
+        channels in one client process than in a worker process of its own. Each such
+        retry is reported (`retry`, "... CANCELLED"), so the count of workers that would
+        have died of it is in the results."""
+        import grpc
+
+        from elastic.worker.control import _RETRYABLE  # the worker's own list
+
+        backoff = Backoff()
+        name = getattr(method, "_method", b"call").decode().rpartition("/")[2]
+        while True:
+            try:
+                return await method(request, metadata=self._metadata, timeout=timeout)
+            except grpc.aio.AioRpcError as err:
+                code = err.code()
+                if code == grpc.StatusCode.NOT_FOUND:
+                    raise Evicted(self.worker_id) from err
+                if code not in _RETRYABLE and code != grpc.StatusCode.CANCELLED:
+                    raise
+                self._retrying(f"{name} {code.name}")
+                await backoff.wait(err)
+
+    async def _join(self) -> bool:
+        """Join the first round after `self.epoch`; False when told to leave the job."""
+        body = {
+            "worker_id": self.worker_id,
+            "after_epoch": self.epoch,
+            "pid": os.getpid(),
+            "timeout": JOIN_POLL_S,
+            "commit": 0,
+        }
+        backoff = Backoff()
+        while True:
+            try:
+                status, content = await self._http.post(
+                    "/v1/rendezvous/join", json.dumps(body).encode(), JOIN_POLL_S + 10.0
+                )
+                if status >= 500:
+                    raise HttpError(f"HTTP {status}")
+            except HttpError as err:
+                self._retrying(f"join {str(err).partition(':')[0]}")
+                await backoff.wait(err)
+                continue
+            if status >= 400:
+                raise RuntimeError(f"join refused: {status} {content[:200]!r}")
+            answer = json.loads(content)
+            if answer["status"] == "formed":
+                self.epoch = answer["epoch"]
+                now = time.monotonic()
+                self._report({"ev": "formed", "id": self.worker_id, "epoch": self.epoch, "t": now})
+                self._told_at = now if self._epoch_over() else None
+                return True
+            if answer["status"] == "not_member":
+                return False
+            backoff = Backoff()  # pending: poll again
+
+    async def _heartbeats(self) -> None:
+        """Every heartbeat interval (the worker's schedule); failures are only retried."""
+        import grpc
+
+        from elastic.protocol import control_pb2 as pb
+
+        next_beat = time.monotonic()
+        while True:
+            request = pb.HeartbeatRequest(worker_id=self.worker_id, epoch=self.epoch, commit=0)
+            try:
+                await self._stub.Heartbeat(
+                    request, metadata=self._metadata, timeout=max(1.0, self._interval)
+                )
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.NOT_FOUND:
+                    raise Evicted(self.worker_id) from err
+                self._retrying(f"Heartbeat {err.code().name}")
+            next_beat = max(next_beat + self._interval, time.monotonic())
+            await asyncio.sleep(next_beat - time.monotonic())
+
+    async def _events(self) -> None:
+        """Consume the event stream; reopen it with the worker's backoff when it ends."""
+        import grpc
+
+        from elastic.protocol import control_pb2 as pb
+
+        backoff = BACKOFF_FIRST_S
+        while True:
+            call = self._stub.Events(
+                pb.EventsRequest(worker_id=self.worker_id), metadata=self._metadata
+            )
+            try:
+                await call.initial_metadata()
+                if not call.done():
+                    backoff = BACKOFF_FIRST_S
+                    self._stream_ready.set()
+                async for event in call:
+                    self._deliver(event)
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.NOT_FOUND:
+                    raise Evicted(self.worker_id) from err
+                self._retrying(f"Events {err.code().name}")
+            await asyncio.sleep(backoff)
+            backoff = min(2 * backoff, BACKOFF_MAX_S)
+
+    def _deliver(self, event: Any) -> None:
+        kind = event.WhichOneof("kind")
+        if kind == "epoch_broken":
+            self._broken = max(self._broken, event.epoch_broken.epoch)
+        elif kind == "hosts_updated":
+            self._update = max(self._update, event.hosts_updated.next_epoch)
+        if self._told_at is None and self.epoch and self._epoch_over():
+            self._told_at = time.monotonic()
+        self._wake.set()
+
+    def _stop_now(self) -> None:
+        """Everything ends at once: tasks cancelled, connections dropped (no goodbye)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for task in [*self._tasks, *([self.main] if self.main else [])]:
+            task.cancel()
+        self._http.abort()
+        # Cancels the stream and the calls in flight and closes the connection.
+        self._closing = asyncio.get_running_loop().create_task(self._channel.close(grace=None))
+
+    async def stop(self) -> None:
+        """Die now, as a SIGKILLed worker process does; returns once its sockets are closed."""
+        self._stop_now()
+        tasks = [*self._tasks, *([self.main] if self.main else []), self._closing]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class ReportWriter:
+    """Reports to stdout, batched: at most one write every `REPORT_EVERY_S`."""
+
+    def __init__(self) -> None:
+        self._pending: list[str] = []
+        self._out = sys.stdout
+
+    def __call__(self, doc: dict[str, Any]) -> None:
+        if not self._pending:
+            asyncio.get_running_loop().call_later(REPORT_EVERY_S, self.flush)
+        self._pending.append(json.dumps(doc))
+
+    def flush(self) -> None:
+        if self._pending:
+            self._out.write("\n".join(self._pending) + "\n")
+            self._out.flush()
+            self._pending = []
+
+
+async def serve_clients() -> None:
+    """The client process: commands on stdin, one JSON object a line; reports on stdout."""
+    raise_open_files_limit()
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 24)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    report = ReportWriter()
+    sims: dict[str, SimWorker] = {}
+
+    async def kill(ids: list[str]) -> None:
+        doomed = [sims.pop(i) for i in ids if i in sims]
+        await asyncio.gather(*(s.stop() for s in doomed), return_exceptions=True)
+        report({"ev": "killed", "ids": ids, "t": time.monotonic()})
+
+    while line := await reader.readline():
+        command = json.loads(line)
+        op = command["op"]
+        if op == "start":
+            sim = SimWorker(command, report)
+            sims[sim.worker_id] = sim
+            sim.start()
+        elif op == "kill":
+            loop.create_task(kill(command["ids"]))
+        elif op == "stop":
+            if (sim := sims.pop(command["id"], None)) is not None:
+                await sim.stop()
+            report({"ev": "stopped", "id": command["id"]})
+        elif op == "stop_all":
+            doomed, sims = list(sims.values()), {}
+            await asyncio.gather(*(s.stop() for s in doomed), return_exceptions=True)
+            report({"ev": "stopped_all", "n": len(doomed)})
+        elif op == "exit":
+            break
+    report.flush()
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise this process' open-file limit (RLIMIT_NOFILE) to its hard limit; return the
+    soft and hard limits it had. Thousands of workers' gRPC streams and HTTP connections each
+    take a descriptor in the driver and in the client processes."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return soft, hard
+
+
+# --- the driver side -------------------------------------------------------------------------
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a benchmark's child process: this checkout first on the path."""
+    path = os.environ.get("PYTHONPATH")
+    return {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{path}" if path else str(ROOT),
+        "GRPC_VERBOSITY": "ERROR",
+    }
+
+
+class ClientProcess:
+    """A process of simulated workers, seen from the process that started it: `send` commands,
+    every report goes to `on_report` (called on this event loop)."""
+
+    def __init__(self, on_report: Report) -> None:
+        self.process: asyncio.subprocess.Process | None = None
+        self._on_report = on_report
+        self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    async def start(self) -> None:
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.simulated",
+            cwd=ROOT,
+            env=child_env(),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=1 << 24,
+        )
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        while line := await self.process.stdout.readline():
+            self._on_report(json.loads(line))
+        self._on_report({"ev": "client_exited", "pid": self.process.pid})
+
+    def send(self, command: Command) -> None:
+        assert self.process is not None and self.process.stdin is not None
+        self.process.stdin.write((json.dumps(command) + "\n").encode())
+
+    async def close(self) -> None:
+        """Ask the process to exit; SIGKILL it after 10 s."""
+        if self.process is None:
+            return
+        with contextlib.suppress(Exception):
+            self.send({"op": "exit"})
+            assert self.process.stdin is not None
+            await self.process.stdin.drain()
+            self.process.stdin.close()
+        try:
+            await asyncio.wait_for(self.process.wait(), 10)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
+        if self._reader is not None:
+            await self._reader
+
+
+class Changes:
+    """Wait on the event loop until a predicate over reports holds; `notify()` on each."""
+
+    def __init__(self) -> None:
+        self._changed = asyncio.Event()
+
+    def notify(self) -> None:
+        self._changed.set()
+
+    async def wait(
+        self,
+        predicate: Callable[[], bool],
+        what: str,
+        timeout: float,
+        ended: Callable[[], str | None] = lambda: None,
+        poll: float = 0.05,
+    ) -> None:
+        """Until `predicate()`; raises TimeoutError after `timeout` s, RuntimeError as soon
+        as `ended()` says why waiting is pointless (the job ended, a process exited)."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if (why := ended()) is not None:
+                raise RuntimeError(f"waiting for {what}: {why}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"waiting for {what}: not within {timeout:g} s")
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):  # also polls: some changes report nothing
+                await asyncio.wait_for(self._changed.wait(), min(remaining, poll))
+
+
+def fake_process_class() -> type:
+    from elastic.driver.launch.base import WorkerProcess
+
+    class FakeProcess(WorkerProcess):
+        """A worker that is a simulated client: `wait()` returns when `end()` is called (a
+        death, or the driver's terminate/kill), and then its client is stopped."""
+
+        def __init__(self, worker_id: str, pid: int, send: Callable[[Command], None]) -> None:
+            self.worker_id = worker_id
+            self._pid = pid
+            self._send = send
+            self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            self._signal: int | None = None
+            self.stdout = asyncio.StreamReader()
+            self.stdout.feed_eof()
+            self.stderr = asyncio.StreamReader()
+            self.stderr.feed_eof()
+
+        @property
+        def pid(self) -> int:
+            return self._pid
+
+        @property
+        def signal(self) -> int | None:
+            return self._signal
+
+        async def wait(self) -> int:
+            # Shielded: the driver cancels tasks awaiting wait(); that must not end the worker.
+            return await asyncio.shield(self._exit)
+
+        def end(self, code: int, sig: int | None = None, stop_client: bool = True) -> None:
+            """The process exits with `code`; `stop_client`: its simulated worker is stopped
+            (False when the client already died)."""
+            if not self._exit.done():
+                self._signal = sig
+                self._exit.set_result(code)
+                if stop_client:
+                    self._send({"op": "stop", "id": self.worker_id})
+
+        def terminate(self) -> None:
+            self.end(128 + signal.SIGTERM, signal.SIGTERM)
+
+        def kill(self) -> None:
+            self.end(128 + signal.SIGKILL, signal.SIGKILL)
+
+    return FakeProcess
+
+
+class FakeLauncher:
+    """Stands in for the driver's launchers: `launch(spec)` starts no process; it sends the
+    worker's environment as a `start` command (with `t`, the launch time) to `send`. A
+    detached spec (`log_dir`, local workers with etcd) gets its empty stdout/stderr files, as
+    the keeper would create them. Every host is reachable."""
+
+    def __init__(self, send: Callable[[Command], None], pid: int) -> None:
+        from elastic.protocol import env
+
+        self._env = env
+        self._send = send
+        self._pid = pid
+        self._process_class = fake_process_class()
+        self.processes: dict[str, Any] = {}
+        self.first_launch: float | None = None
+
+    async def launch(self, spec: Any) -> Any:
+        now = time.monotonic()
+        if self.first_launch is None:
+            self.first_launch = now
+        env = spec.env
+        if spec.log_dir is not None:
+            os.makedirs(spec.log_dir, exist_ok=True)
+            for stream in ("stdout", "stderr"):
+                Path(spec.log_dir, stream).touch()
+        worker_id = env[self._env.WORKER_ID]
+        self._send(
+            {
+                "op": "start",
+                "worker_id": worker_id,
+                "driver_url": env[self._env.DRIVER_URL],
+                "control_address": env[self._env.CONTROL_ADDRESS],
+                "token": env[self._env.TOKEN],
+                "t": now,
+            }
+        )
+        process = self._process_class(worker_id, self._pid, self._send)
+        self.processes[worker_id] = process
+        return process
+
+    async def check_reachable(self, hostname: str, timeout: float) -> None:
+        return None
+
+
+def make_job(
+    backend_name: str,
+    hosts: list[Any],
+    launcher: FakeLauncher,
+    *,
+    etcd_endpoint: str | None = None,
+    heartbeat: float = 1.0,
+    start_timeout: float = 120.0,
+    detached: bool = True,
+    cooldown: tuple[float, float] | None = None,
+) -> Any:
+    """The real driver (`Job`) of an elastic job on `hosts` (`HostSpec`s) with every slot
+    filled (`-np N --min-np 1 --max-np N`), state in `backend_name` (memory or etcd), every
+    worker launched by `launcher` (local and remote hosts alike).
+
+    `detached`: with etcd, local workers are detached and their output followed from files;
+    remote ones (any name that is no address of this machine) always send it through pipes.
+    `cooldown`: the failed hosts' cooldown range in seconds (default elasticrun's)."""
+    import uuid
+
+    from elastic.driver.job import Job
+    from elastic.driver.journal.etcd import EtcdBackend
+    from elastic.driver.journal.memory import MemoryBackend
+    from elastic.driver.launch.host_access import HostAccess
+    from elastic.driver.settings import BackendSettings, ElasticSettings, Settings
+    from elastic.protocol.etcd import EtcdOptions, parse_endpoints
+
+    job_id = f"bench-{uuid.uuid4().hex[:10]}"
+    if backend_name == "memory":
+        backend_settings = BackendSettings(job_id=job_id)
+        backend: Any = MemoryBackend()
+    elif backend_name == "etcd":
+        assert etcd_endpoint is not None
+        options = EtcdOptions(parse_endpoints(etcd_endpoint))
+        backend_settings = BackendSettings(etcd=options, job_id=job_id)
+        backend = EtcdBackend(options)
+    else:
+        raise ValueError(f"unknown backend {backend_name!r}")
+    n = sum(h.slots for h in hosts)
+    elastic = ElasticSettings(
+        min_np=1,
+        max_np=n,
+        discovery_script=None,
+        **({"cooldown_range": cooldown} if cooldown is not None else {}),
+    )
+    settings = Settings(
+        np=n,
+        hosts=hosts,
+        command=["python", "train.py"],  # never run: the launcher is fake
+        start_timeout=start_timeout,
+        heartbeat_interval=heartbeat,
+        elastic=elastic,
+        backend=backend_settings,
+    )
+    access = HostAccess(
+        settings.ssh,
+        settings.stop_grace,
+        settings.start_timeout,
+        detached=detached and settings.backend.durable,
+        local_launcher=launcher,
+        ssh_launcher=launcher,
+    )
+    return Job(settings, backend=backend, hosts=access)
+
+
+if __name__ == "__main__":
+    asyncio.run(serve_clients())
