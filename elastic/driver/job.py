@@ -42,23 +42,17 @@ from elastic.driver.journal.record import (
     JobState,
 )
 from elastic.driver.journal.resume import (
-    ADOPT_GRACE,
     default_log_root,
     settings_document,
     settings_from,
     worker_from,
     worker_record,
 )
-from elastic.driver.launch.base import WorkerSpec
 from elastic.driver.launch.detached import (
     AdoptedProcess,
-    keepers_under,
-    kill_keeper,
-    prepare_log_dir,
 )
-from elastic.driver.launch.follower import OutputFollower
+from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
-from elastic.driver.launch.output import OutputSink, pump
 from elastic.driver.policy.liveness import Limits, Verdict, judge
 from elastic.driver.policy.planning import free_slots
 from elastic.driver.policy.rounds import (
@@ -89,7 +83,7 @@ from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.services import Services
 from elastic.driver.server.tls import TlsIdentity
 from elastic.driver.settings import Settings
-from elastic.driver.workers import Worker, WorkerState, stop_workers
+from elastic.driver.workers import Worker, WorkerState
 from elastic.protocol import env as worker_env
 from elastic.protocol.etcd import DriverAddress, certificate_mac
 from elastic.protocol.http import DecisionRecord, HostStatus, JobStatus, WorkerStatus
@@ -152,11 +146,9 @@ class Job:
         self._clock = clock
         self._kv = MemoryKeyValueStore()
         self._rendezvous = Rendezvous(on_wait=self._on_wait, on_join=self._on_join)
-        self._workers: dict[str, Worker] = {}
         self._channels = ControlChannels()
         self._tls: TlsIdentity | None = None
         self._phase = Phase.RUNNING
-        self._serial = 0
         self._resets = 0
         self._short_since: float | None = None  # when the SHORT phase began
         self._round_reasons: list[str] = []  # why a round is wanted, until it is formed
@@ -170,8 +162,6 @@ class Job:
         self._newest_commit = 0  # the newest commit count any worker reported
         self._commit_at_fleet_loss: int | None = None  # newest commit when all last died
         self._tasks: set[asyncio.Task[None]] = set()
-        self._pumps: list[asyncio.Future[None]] = []
-        self._follower = OutputFollower()  # detached workers' output files, all of them
         self._result: asyncio.Future[int] | None = None
         self._end_message = ""
         self._driver_url = ""
@@ -194,6 +184,10 @@ class Job:
             settings.start_timeout,
             detached=settings.backend.durable,
         )
+        self._fleet = Fleet(
+            self._hosts, self._log_root, settings.output_dir, settings.stop_grace, self._clock
+        )
+        self._workers = self._fleet.workers
         low, high = self.elastic.cooldown_range if self.elastic else (0.0, 0.0)
         self._tracker = HostTracker(Cooldown(low, high, random.Random()))
         self._discovery: HostDiscovery = self._given_discovery or (
@@ -255,6 +249,7 @@ class Job:
             else:
                 await self._launch_first_epoch(hosts)
             self._spawn(self._watch_liveness())
+            self._spawn(self._handle_exits())
             if self.elastic is not None:
                 self._spawn(self._follow_discovery())
             return await self._result
@@ -263,13 +258,7 @@ class Job:
                 task.cancel()
             if self._round_timer is not None:
                 self._round_timer.cancel()
-            if self._phase is Phase.ABANDONED:
-                for pump_task in self._pumps:
-                    pump_task.cancel()
-            else:
-                await stop_workers(self._workers.values(), self.settings.stop_grace)
-            await asyncio.gather(*self._pumps, return_exceptions=True)
-            await self._follower.close()
+            await self._fleet.close(abandon=self._phase is Phase.ABANDONED)
             await control.stop(grace=0.5)
             await http.stop()
 
@@ -331,7 +320,7 @@ class Job:
                 CooldownRecord(hostname=host, failures=failures, until=until + wall)
                 for host, (failures, until) in cooldown.records().items()
             ],
-            serial=self._serial,
+            serial=self._fleet.serial,
             resets=self._resets,
             update_version=self._update_version,
             finishing=not self._phase.forms_rounds,
@@ -350,13 +339,13 @@ class Job:
                 " ".join(settings.command),
             )
         self._configure(settings)
-        self._log_root = spec.log_root
+        self._log_root = self._fleet.log_root = spec.log_root
         secret = JobSecret.model_validate_json(documents["secret"])
         self._token = secret.token  # TLS: `_tls_identity` reads the key file or makes a new one
         state = JobState.model_validate_json(documents["state"])
         # The dead driver may have launched workers after its last save (etcd down): never
         # give their numbers, hence their ids, to new workers.
-        self._serial, self._resets = state.serial + SERIAL_GAP, state.resets
+        self._fleet.serial, self._resets = state.serial + SERIAL_GAP, state.resets
         self._update_version = state.update_version
         self._newest_commit = state.newest_commit
         for record in state.workers:
@@ -381,34 +370,14 @@ class Job:
 
     def _adopt(self) -> None:
         """Watch the workers an earlier driver launched, as if this one had; finish stopping
-        those it was stopping when it died."""
-        now = self._clock()
+        those it was stopping when it died; kill those it launched after its last save."""
         for worker in self._workers.values():
             stopping = worker.state is WorkerState.STOPPED and worker.exit_code is None
-            if not (worker.state.alive or stopping):
-                continue
-            worker.process = AdoptedProcess(worker.launcher_pid, worker.log_dir)
-            worker.launched_at = now
-            worker.last_heartbeat = now + ADOPT_GRACE  # it has to find this driver first
-            self._follow_output(worker, self._folder(worker))
-            self._spawn(self._await_exit(worker))
+            if worker.state.alive or stopping:
+                self._fleet.adopt(worker, self._folder(worker), self._label(worker))
             if stopping:
                 self._stop(worker)
-        self._stop_strays()
-
-    def _stop_strays(self) -> None:
-        """Kill the local workers an earlier driver launched after its last save: no record
-        names them, so nothing would ever stop one (a stopped one would never even exit)."""
-        adopted = {w.log_dir for w in self._workers.values() if w.process is not None}
-        for pid, folder in keepers_under(self._log_root).items():
-            if folder not in adopted:
-                log.warning(
-                    "stopping %s (keeper pid %d): the earlier driver launched it after its "
-                    "last save",
-                    os.path.basename(folder),
-                    pid,
-                )
-                kill_keeper(pid)
+        self._fleet.stop_strays()
 
     async def _record_result(self) -> None:
         """Save how the job ended (not when this driver merely lost it)."""
@@ -495,12 +464,7 @@ class Job:
     # --- launching -------------------------------------------------------------------------
 
     def _new_worker(self, hostname: str, host_slot: int) -> Worker:
-        self._serial += 1
-        worker_id = f"{hostname}[{host_slot}]#{self._serial}"
-        worker = Worker(worker_id, hostname, host_slot, process=None)
-        worker.launched_at = self._clock()
-        self._workers[worker_id] = worker
-        return worker
+        return self._fleet.new_worker(hostname, host_slot)
 
     def _worker_env(self, worker: Worker) -> dict[str, str]:
         environment = worker_env.WorkerEnvironment(
@@ -546,53 +510,29 @@ class Job:
 
     async def _start(self, worker: Worker) -> None:
         """Start `worker`'s process; a failure to start fails the worker (static: the job)."""
-        folder = self._folder(worker)
-        if self._hosts.detached(worker.hostname):
-            # private (0700, this user's): a planted folder or link raises LaunchError
-            worker.log_dir = prepare_log_dir(self._log_root, worker.serial)
-        spec = WorkerSpec(
-            hostname=worker.hostname,
-            command=self.settings.command,
-            env=self._worker_env(worker),
-            cwd=os.getcwd(),
-            log_dir=worker.log_dir,
-        )
         try:
-            worker.process = await self._hosts.launcher(worker.hostname).launch(spec)
+            await self._fleet.start(
+                worker,
+                self.settings.command,
+                self._worker_env(worker),
+                self._folder(worker),
+                self._label(worker),
+            )
         except LaunchError as err:
             if self.elastic is None or self._hosts.is_local(worker.hostname):
                 raise  # the command cannot run here: trying again would not help
             worker.state = WorkerState.FAILED
             log.error("cannot start a worker on host %s: %s", worker.hostname, err)
             self._host_failed(worker.hostname, str(err))
-            return
-        worker.launcher_pid = worker.process.pid
-        self._follow_output(worker, folder)
-        self._spawn(self._await_exit(worker))
 
-    def _follow_output(self, worker: Worker, folder: str) -> None:
-        """Show the worker's output, from its pipes or (detached) from its files."""
-        for stream in ("stdout", "stderr"):
-            sink = OutputSink(self._label(worker), stream, self.settings.output_dir, folder)
-            if worker.log_dir is not None:
-                source = self._follower.add(
-                    os.path.join(worker.log_dir, stream),
-                    sink,
-                    worker.offsets.get(stream, 0),
-                    ended=lambda: worker.exit_code is not None,
-                    at=lambda offset, stream=stream: worker.offsets.__setitem__(stream, offset),
-                )
-            elif worker.process is not None:
-                reader = worker.process.stdout if stream == "stdout" else worker.process.stderr
-                source = asyncio.create_task(pump(reader, sink))
-            else:
-                continue
-            self._pumps.append(source)
+    async def _handle_exits(self) -> None:
+        while True:
+            self._on_exit(await self._fleet.exits.get())
 
-    async def _await_exit(self, worker: Worker) -> None:
-        code = await worker.process.wait()
-        worker.exit_code = code
-        self._follower.poke()  # its output files are drained now, not at the next look
+    def _on_exit(self, worker: Worker) -> None:
+        """`worker`'s process ended (its code is `worker.exit_code`)."""
+        code = worker.exit_code
+        assert code is not None
         self._channels.forget(worker.worker_id)
         if worker.state is WorkerState.STOPPED or not worker.state.alive:
             return
@@ -715,7 +655,7 @@ class Job:
             self._hosts_changed(update.change)
 
     def _alive(self) -> list[Worker]:
-        return [w for w in self._workers.values() if w.state.alive and w.process is not None]
+        return self._fleet.alive()
 
     def _reform(self, why: str, broken: bool = False) -> None:
         """Ask for the next round; every request made until it forms is answered by it.
@@ -938,19 +878,11 @@ class Job:
         self._scale()
 
     def _stop(self, worker: Worker) -> None:
-        """Stop `worker` for good: exclude it, SIGTERM it, SIGKILL it after --stop-grace (a
-        stopped or hung process ignores SIGTERM until it is too late)."""
+        """Stop `worker` for good: exclude it, SIGTERM it, SIGKILL it after --stop-grace."""
         worker.state = WorkerState.STOPPED
         self._rendezvous.exclude(worker.worker_id)
         self._save_soon()
-        if worker.process is not None:
-            worker.process.terminate()
-            self._spawn(self._kill_if_still_running(worker))
-
-    async def _kill_if_still_running(self, worker: Worker) -> None:
-        await asyncio.sleep(self.settings.stop_grace)
-        if worker.exit_code is None and worker.process is not None:
-            worker.process.kill()
+        self._fleet.stop(worker)
 
     def _break_round(self, epoch: int, why: str) -> None:
         """Tell every live worker that round `epoch` is broken, once per round: a worker

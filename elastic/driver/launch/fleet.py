@@ -1,0 +1,166 @@
+"""The job's worker processes: numbering, starting, output, exits, adoption, stopping."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from elastic.driver.journal.resume import ADOPT_GRACE
+from elastic.driver.launch.base import WorkerSpec
+from elastic.driver.launch.detached import (
+    AdoptedProcess,
+    keepers_under,
+    kill_keeper,
+    prepare_log_dir,
+)
+from elastic.driver.launch.follower import OutputFollower
+from elastic.driver.launch.host_access import HostAccess
+from elastic.driver.launch.output import OutputSink, pump
+from elastic.driver.workers import Worker, stop_workers
+
+log = logging.getLogger("elasticrun")
+
+Label = Callable[[], str]  # a worker's output tag, asked at every line
+
+
+class Fleet:
+    """Every worker process the job launched or adopted, by id, in launch order.
+
+    `start` and `adopt` begin watching a worker: its output is shown (from its pipes, or
+    from its files when detached) and its exit code is put on `exits` once it ends, the
+    only way the fleet reports to the job. `stop` ends a worker for good (SIGTERM, then
+    SIGKILL after the grace period); `close` stops every worker, or with `abandon` leaves
+    them running for another driver, and ends the watching.
+    """
+
+    def __init__(
+        self,
+        hosts: HostAccess,
+        log_root: str,
+        output_dir: str | None,
+        stop_grace: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.workers: dict[str, Worker] = {}
+        self.serial = 0  # the number the last new worker got
+        self.exits: asyncio.Queue[Worker] = asyncio.Queue()
+        self.log_root = log_root
+        self._hosts = hosts
+        self._output_dir = output_dir
+        self._stop_grace = stop_grace
+        self._clock = clock
+        self._follower = OutputFollower()  # detached workers' output files, all of them
+        self._pumps: list[asyncio.Future[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def alive(self) -> list[Worker]:
+        """The workers started and not ended (launching, members, leaving)."""
+        return [w for w in self.workers.values() if w.state.alive and w.process is not None]
+
+    def new_worker(self, hostname: str, host_slot: int) -> Worker:
+        """A record for a worker about to start on `hostname`'s slot `host_slot`."""
+        self.serial += 1
+        worker_id = f"{hostname}[{host_slot}]#{self.serial}"
+        worker = Worker(worker_id, hostname, host_slot, process=None)
+        worker.launched_at = self._clock()
+        self.workers[worker_id] = worker
+        return worker
+
+    async def start(
+        self, worker: Worker, command: list[str], env: dict[str, str], folder: str, label: Label
+    ) -> None:
+        """Start `worker`'s process and watch it; raises `LaunchError` if it cannot start
+        (a planted log folder, an unreachable host, a command that cannot run)."""
+        if self._hosts.detached(worker.hostname):
+            # private (0700, this user's): a planted folder or link raises LaunchError
+            worker.log_dir = prepare_log_dir(self.log_root, worker.serial)
+        spec = WorkerSpec(
+            hostname=worker.hostname,
+            command=command,
+            env=env,
+            cwd=os.getcwd(),
+            log_dir=worker.log_dir,
+        )
+        worker.process = await self._hosts.launcher(worker.hostname).launch(spec)
+        worker.launcher_pid = worker.process.pid
+        self._watch(worker, folder, label)
+
+    def adopt(self, worker: Worker, folder: str, label: Label) -> None:
+        """Watch `worker`, which an earlier driver launched, as if this one had."""
+        now = self._clock()
+        worker.process = AdoptedProcess(worker.launcher_pid, worker.log_dir)
+        worker.launched_at = now
+        worker.last_heartbeat = now + ADOPT_GRACE  # it has to find this driver first
+        self._watch(worker, folder, label)
+
+    def stop_strays(self) -> None:
+        """Kill the local workers an earlier driver launched after its last save: no record
+        names them, so nothing would ever stop one (a stopped one would never even exit)."""
+        adopted = {w.log_dir for w in self.workers.values() if w.process is not None}
+        for pid, folder in keepers_under(self.log_root).items():
+            if folder not in adopted:
+                log.warning(
+                    "stopping %s (keeper pid %d): the earlier driver launched it after its "
+                    "last save",
+                    os.path.basename(folder),
+                    pid,
+                )
+                kill_keeper(pid)
+
+    def stop(self, worker: Worker) -> None:
+        """SIGTERM `worker`, and SIGKILL it after the grace period (a stopped or hung
+        process ignores SIGTERM until it is too late)."""
+        if worker.process is not None:
+            worker.process.terminate()
+            self._spawn(self._kill_if_still_running(worker))
+
+    async def close(self, abandon: bool = False) -> None:
+        """Stop every running worker (with `abandon`, leave them running), show the rest of
+        their output and stop watching."""
+        for task in self._tasks:
+            task.cancel()
+        if abandon:
+            for source in self._pumps:
+                source.cancel()
+        else:
+            await stop_workers(self.workers.values(), self._stop_grace)
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        await self._follower.close()
+
+    def _watch(self, worker: Worker, folder: str, label: Label) -> None:
+        for stream in ("stdout", "stderr"):
+            sink = OutputSink(label, stream, self._output_dir, folder)
+            if worker.log_dir is not None:
+                source = self._follower.add(
+                    os.path.join(worker.log_dir, stream),
+                    sink,
+                    worker.offsets.get(stream, 0),
+                    ended=lambda: worker.exit_code is not None,
+                    at=lambda offset, stream=stream: worker.offsets.__setitem__(stream, offset),
+                )
+            elif worker.process is not None:
+                reader = worker.process.stdout if stream == "stdout" else worker.process.stderr
+                source = asyncio.create_task(pump(reader, sink))
+            else:
+                continue
+            self._pumps.append(source)
+        self._spawn(self._await_exit(worker))
+
+    async def _await_exit(self, worker: Worker) -> None:
+        worker.exit_code = await worker.process.wait()
+        self._follower.poke()  # its output files are drained now, not at the next look
+        self.exits.put_nowait(worker)
+
+    async def _kill_if_still_running(self, worker: Worker) -> None:
+        await asyncio.sleep(self._stop_grace)
+        if worker.exit_code is None and worker.process is not None:
+            worker.process.kill()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
