@@ -6,15 +6,27 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from elastic.driver.journal.record import WorkerRecord
+from elastic.driver.discovery.hosts import parse_host_list
+from elastic.driver.discovery.tracker import HostTracker
+from elastic.driver.journal.record import (
+    CooldownRecord,
+    JobSecret,
+    JobSpec,
+    JobState,
+    WorkerRecord,
+)
+from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.settings import BackendSettings, Settings
 from elastic.driver.workers import Worker, WorkerState
 
 ADOPT_GRACE = 10.0  # seconds a re-adopted worker has to reach the new driver
+ENDED_KEPT = 100  # records of ended workers a snapshot keeps (the newest)
 _SETTINGS = TypeAdapter(Settings)
 
 
@@ -94,3 +106,85 @@ def worker_from(record: WorkerRecord) -> Worker:
     for name in _SAVED:
         setattr(worker, name, getattr(record, name))
     return worker
+
+
+@dataclass
+class Tally:
+    """The job's counters that outlive its driver."""
+
+    resets: int = 0  # rounds formed after the first
+    update_version: int = 0  # membership changes told to workers
+    newest_commit: int = 0  # the newest commit count any worker reported
+
+
+def snapshot(
+    rendezvous: Rendezvous,
+    workers: Iterable[Worker],
+    tracker: HostTracker,
+    tally: Tally,
+    serial: int,
+    finishing: bool,
+    wall_offset: float,
+) -> bytes:
+    """The job's state as saved (`JobState` JSON): the round, live workers and the newest
+    `ENDED_KEPT` ended ones, discovery's last answer, cooldowns (in wall time: monotonic
+    time plus `wall_offset`), counters (`serial`: the last worker's number), and whether
+    training is over."""
+    workers = list(workers)
+    ended = [w for w in workers if not w.state.alive]
+    kept = [w for w in workers if w.state.alive] + ended[-ENDED_KEPT:]
+    state = JobState(
+        epoch=rendezvous.epoch,
+        members=rendezvous.members,
+        workers=[worker_record(w) for w in kept],
+        discovered=[f"{h.hostname}:{h.slots}" for h in tracker.discovered_hosts],
+        cooldowns=[
+            CooldownRecord(hostname=host, failures=failures, until=until + wall_offset)
+            for host, (failures, until) in tracker.cooldown.records().items()
+        ],
+        serial=serial,
+        resets=tally.resets,
+        update_version=tally.update_version,
+        finishing=finishing,
+        newest_commit=tally.newest_commit,
+    )
+    return state.model_dump_json().encode()
+
+
+@dataclass
+class Resumed:
+    """A job as an earlier driver saved it."""
+
+    settings: Settings
+    log_root: str
+    token: str
+    state: JobState
+    workers: list[Worker]
+
+
+SERIAL_GAP = 1000  # worker numbers a restarted driver skips
+
+
+def resumed(documents: dict[str, bytes], backend: BackendSettings) -> Resumed:
+    """Read the saved documents (the saved settings, with this driver's `backend`).
+
+    The dead driver may have launched workers after its last save (etcd down): the serial
+    skips `SERIAL_GAP` numbers so that their ids are never given to new workers."""
+    spec = JobSpec.model_validate_json(documents["spec"])
+    state = JobState.model_validate_json(documents["state"])
+    state.serial += SERIAL_GAP
+    return Resumed(
+        settings=settings_from(spec.settings, backend),
+        log_root=spec.log_root,
+        token=JobSecret.model_validate_json(documents["secret"]).token,
+        state=state,
+        workers=[worker_from(record) for record in state.workers],
+    )
+
+
+def restore_hosts(tracker: HostTracker, state: JobState, wall_offset: float, now: float) -> None:
+    """Put discovery's last answer and the cooldowns of `state` back into `tracker`."""
+    for saved in state.cooldowns:
+        tracker.cooldown.restore(saved.hostname, saved.failures, saved.until - wall_offset)
+    if state.discovered:
+        tracker.discovered(parse_host_list(",".join(state.discovered)), now)

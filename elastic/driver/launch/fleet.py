@@ -20,6 +20,7 @@ from elastic.driver.launch.detached import (
 from elastic.driver.launch.follower import OutputFollower
 from elastic.driver.launch.host_access import HostAccess
 from elastic.driver.launch.output import OutputSink, pump
+from elastic.driver.reports import Reports, WorkerExited
 from elastic.driver.workers import Worker, stop_workers
 
 log = logging.getLogger("elasticrun")
@@ -31,15 +32,16 @@ class Fleet:
     """Every worker process the job launched or adopted, by id, in launch order.
 
     `start` and `adopt` begin watching a worker: its output is shown (from its pipes, or
-    from its files when detached) and its exit code is put on `exits` once it ends, the
-    only way the fleet reports to the job. `stop` ends a worker for good (SIGTERM, then
-    SIGKILL after the grace period); `close` stops every worker, or with `abandon` leaves
-    them running for another driver, and ends the watching.
+    from its files when detached) and, once it ends, its exit code is set and `WorkerExited`
+    is reported, the only way the fleet speaks to the job. `stop` ends a worker for good
+    (SIGTERM, then SIGKILL after the grace period); `close` stops every worker, or with
+    `abandon` leaves them running for another driver, and ends the watching.
     """
 
     def __init__(
         self,
         hosts: HostAccess,
+        reports: Reports,
         log_root: str,
         output_dir: str | None,
         stop_grace: float,
@@ -47,7 +49,7 @@ class Fleet:
     ) -> None:
         self.workers: dict[str, Worker] = {}
         self.serial = 0  # the number the last new worker got
-        self.exits: asyncio.Queue[Worker] = asyncio.Queue()
+        self._reports = reports
         self.log_root = log_root
         self._hosts = hosts
         self._output_dir = output_dir
@@ -153,7 +155,7 @@ class Fleet:
     async def _await_exit(self, worker: Worker) -> None:
         worker.exit_code = await worker.process.wait()
         self._follower.poke()  # its output files are drained now, not at the next look
-        self.exits.put_nowait(worker)
+        self._reports.put_nowait(WorkerExited(worker))
 
     async def _kill_if_still_running(self, worker: Worker) -> None:
         await asyncio.sleep(self._stop_grace)

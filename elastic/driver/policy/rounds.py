@@ -72,6 +72,31 @@ class AskToLeave:
 
 
 @dataclass(frozen=True)
+class StopWorker:
+    """Stop worker `worker_id` for good (it never became a member), for `why`."""
+
+    worker_id: str
+    why: str
+
+
+@dataclass(frozen=True)
+class HandOver:
+    """Worker `worker_id` leaves for `why` once another member holds its newest commit: it
+    stays a member until then (see `policy.leaving`)."""
+
+    worker_id: str
+    why: str
+
+
+@dataclass(frozen=True)
+class LetGo:
+    """Exclude the leaving worker `worker_id` from the job, for `why`, and re-form."""
+
+    worker_id: str
+    why: str
+
+
+@dataclass(frozen=True)
 class Finish:
     """End the job with exit `code`; `message` is its last line."""
 
@@ -106,6 +131,9 @@ Action = (
     | FillSlots
     | Launch
     | AskToLeave
+    | StopWorker
+    | HandOver
+    | LetGo
     | Finish
     | Warn
     | ShowProgress

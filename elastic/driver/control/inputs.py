@@ -1,0 +1,77 @@
+"""The control service's calls, answered from the workers' records and reported to the job."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+from elastic.driver.control.channels import ControlChannels
+from elastic.driver.control.events import ControlEvent
+from elastic.driver.reports import Heard, LeaveAsked, Reports
+from elastic.driver.workers import Worker
+
+
+class WorkerInputs:
+    """The driver's `WorkerListener`: answers whether a worker is a live one of the job.
+
+    It keeps the facts of liveness itself (registered, pid, last heartbeat, stream closed
+    since) on the workers' records; what needs a decision (a new commit count or a newer
+    round in a heartbeat, a leave) goes to `reports`. `current_round` is the driver's newest
+    round: a heartbeat from a newer one is reported (an earlier driver formed it unsaved).
+    """
+
+    def __init__(
+        self,
+        workers: Mapping[str, Worker],
+        channels: ControlChannels,
+        reports: Reports,
+        current_round: Callable[[], int],
+        clock: Callable[[], float],
+    ) -> None:
+        self._workers = workers
+        self._channels = channels
+        self._reports = reports
+        self._current_round = current_round
+        self._clock = clock
+
+    def _live(self, worker_id: str) -> Worker | None:
+        worker = self._workers.get(worker_id)
+        return worker if worker is not None and worker.state.alive else None
+
+    def registered(self, worker_id: str, pid: int) -> bool:
+        worker = self._live(worker_id)
+        if worker is None:
+            return False
+        worker.registered = True
+        worker.pid = pid
+        worker.last_heartbeat = self._clock()
+        return True
+
+    def heartbeat(self, worker_id: str, epoch: int, commit: int) -> bool:
+        worker = self._live(worker_id)
+        if worker is None:
+            return False
+        worker.last_heartbeat = self._clock()
+        if commit != worker.commit or epoch > self._current_round():
+            self._reports.put_nowait(Heard(worker_id, epoch, commit))
+        return True
+
+    def leave(self, worker_id: str, reason: str, commit: int) -> bool:
+        if self._live(worker_id) is None:
+            return False
+        self._reports.put_nowait(LeaveAsked(worker_id, reason, commit))
+        return True
+
+    def stream_opened(self, worker_id: str) -> asyncio.Queue[ControlEvent] | None:
+        worker = self._live(worker_id)
+        if worker is None:
+            return None
+        worker.stream_closed_at = None
+        return self._channels.open(worker_id)
+
+    def stream_closed(self, worker_id: str, queue: asyncio.Queue[ControlEvent]) -> None:
+        if not self._channels.close(worker_id, queue):
+            return  # an older stream of a worker that has reconnected since
+        worker = self._live(worker_id)
+        if worker is not None:
+            worker.stream_closed_at = self._clock()

@@ -1,0 +1,61 @@
+"""The periodic look at every live worker's heartbeats, stream and start (`judge`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+
+from elastic.driver.policy.liveness import Limits, judge
+from elastic.driver.reports import Judged, Reports, Tick
+from elastic.driver.workers import Worker
+
+log = logging.getLogger("elasticrun")
+
+PAUSE_WORTH_SAYING = 1.0  # seconds: a shorter pause (a loaded machine) is excused silently
+
+
+class LivenessWatch:
+    """Every `min(heartbeat interval, 0.25 s)`, reports each verdict of `judge` over the live
+    workers (`live()`) and then a `Tick`.
+
+    A look that wakes late by at least a heartbeat interval means this driver was paused (its
+    loop blocked, its process stopped) and heard nothing meanwhile: missed heartbeats count
+    from then again, so that the silence it caused does not make every worker hung.
+    """
+
+    def __init__(
+        self,
+        live: Callable[[], Iterable[Worker]],
+        limits: Limits,
+        reports: Reports,
+        clock: Callable[[], float],
+    ) -> None:
+        self._live = live
+        self._limits = limits
+        self._reports = reports
+        self._clock = clock
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        every = min(self._limits.heartbeat_interval, 0.25)
+        while True:
+            due = loop.time() + every
+            await asyncio.sleep(every)
+            now = self._clock()
+            self._excuse_pause(loop.time() - due, now)
+            for worker, verdict in judge(self._live(), now, self._limits):
+                self._reports.put_nowait(Judged(worker, verdict))
+            self._reports.put_nowait(Tick(now))
+
+    def _excuse_pause(self, late: float, now: float) -> None:
+        if late < self._limits.heartbeat_interval:
+            return
+        if late >= PAUSE_WORTH_SAYING:
+            log.warning(
+                "this driver was paused for %.1f s (its event loop blocked, or its process "
+                "stopped): workers' heartbeats are awaited from now",
+                late,
+            )
+        for worker in self._live():
+            worker.last_heartbeat = max(worker.last_heartbeat, now)

@@ -1,0 +1,103 @@
+"""Runs discovery, feeds the tracker, and reports changes of the usable hosts to the job."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from elastic.driver.discovery.base import DiscoveryError, HostDiscovery
+from elastic.driver.discovery.hosts import HostSpec
+from elastic.driver.discovery.tracker import HostTracker, TrackerUpdate
+from elastic.driver.errors import LaunchError
+from elastic.driver.launch.host_access import HostAccess
+from elastic.driver.reports import HostsChanged, Reports
+
+log = logging.getLogger("elasticrun")
+
+PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
+
+
+class HostWatcher:
+    """The usable hosts: discovered, reachable by the launcher, not in cooldown.
+
+    `first_hosts` waits for enough slots to start; `run` then polls discovery every
+    `interval` and ends cooldowns when due, reporting each change as `HostsChanged`;
+    `host_failed` puts a host in cooldown (the change is reported too).
+    """
+
+    def __init__(
+        self,
+        discovery: HostDiscovery,
+        tracker: HostTracker,
+        access: HostAccess,
+        reports: Reports,
+        interval: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.tracker = tracker
+        self._discovery = discovery
+        self._access = access
+        self._reports = reports
+        self._interval = interval
+        self._clock = clock
+
+    def usable(self) -> list[HostSpec]:
+        return [h for h in self.tracker.hosts if self._access.usable(h.hostname)]
+
+    async def first_hosts(self, slots_needed: int, timeout: float) -> list[HostSpec]:
+        """The usable hosts once they offer `slots_needed` slots; `LaunchError` when they do
+        not within `timeout` s. Prints a progress line every `PROGRESS_EVERY` s."""
+        start = last_line = self._clock()
+        while True:
+            await self._discover()  # what it finds is the answer, not a change to report
+            usable = self.usable()
+            slots = sum(h.slots for h in usable)
+            if slots >= slots_needed:
+                return usable
+            now = self._clock()
+            if now - start >= timeout:
+                problem = f" (discovery: {self.tracker.error})" if self.tracker.error else ""
+                raise LaunchError(
+                    f"discovery found {slots} slot(s), fewer than --min-np {slots_needed}, "
+                    f"within {timeout:g} s (--start-timeout){problem}"
+                )
+            if now - last_line >= PROGRESS_EVERY:
+                last_line = now
+                log.warning("waiting for %d slot(s) from discovery, %d so far", slots_needed, slots)
+            await asyncio.sleep(self._interval)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            self._report(await self._discover())
+            expiry = self.tracker.next_expiry(self._clock() - 1e-9)
+            if expiry is not None and expiry <= self._clock():
+                self._report(self.tracker.refresh(self._clock()))
+
+    async def _discover(self) -> TrackerUpdate:
+        try:
+            hosts = await self._discovery.find()
+        except DiscoveryError as err:
+            update = self.tracker.discovery_failed(str(err), self._clock())
+            if update.error:
+                log.error("host discovery failed, keeping the last good hosts: %s", update.error)
+        else:
+            await self._access.learn(h.hostname for h in hosts)  # DNS, off the event loop
+            update = self.tracker.discovered(hosts, self._clock())
+            if update.recovered:
+                log.warning("host discovery works again")
+        return update
+
+    def host_failed(self, hostname: str, reason: str) -> None:
+        update = self.tracker.host_failed(hostname, self._clock())
+        until = self.tracker.cooldown.until(hostname)
+        if until is not None and until > self._clock():
+            log.warning(
+                "host %s in cooldown for %.0f s (%s)", hostname, until - self._clock(), reason
+            )
+        self._report(update)
+
+    def _report(self, update: TrackerUpdate) -> None:
+        if update.change is not None:
+            self._reports.put_nowait(HostsChanged(update.change))

@@ -1,0 +1,86 @@
+"""Leaving the job at a commit (SIGTERM, a removed host) without losing the state. Pure.
+
+A member asked to leave goes at its next commit: no rollback, no cooldown. When it holds the
+only copy of the newest commit, it first stays a member (`HandOver`) until another member
+reports holding that commit; a worker is launched on a free slot to take it over when no
+other one is there, and when none can be, the leaver goes and its state with it (said so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from elastic.driver.discovery.hosts import HostSpec
+from elastic.driver.policy.rounds import (
+    NOTHING,
+    Action,
+    Decision,
+    HandOver,
+    JobView,
+    Launch,
+    LetGo,
+    StopWorker,
+    Warn,
+    fill_slots,
+)
+from elastic.driver.workers import Worker, WorkerState
+
+
+def handed_over(view: JobView, worker: Worker) -> bool:
+    """Whether another member that stays holds `worker`'s newest commit (or it has none)."""
+    return worker.commit == 0 or any(
+        other.state is WorkerState.MEMBER and other.commit >= worker.commit
+        for other in (view.workers[w] for w in view.members)
+        if other is not worker
+    )
+
+
+def leave(view: JobView, worker_id: str, why: str) -> Decision:
+    """`worker_id` is asked to leave for `why`: a joiner is stopped; a member goes at once
+    (static job, or its state is held elsewhere) or hands its state over first."""
+    worker = view.workers[worker_id]
+    if worker.state is WorkerState.LAUNCHING:
+        return Decision((StopWorker(worker_id, why),), f"worker {worker_id} is stopped: {why}")
+    if worker.state is not WorkerState.MEMBER:
+        return NOTHING
+    if view.elastic is None or handed_over(view, worker):
+        return Decision((LetGo(worker_id, why),), f"worker {worker_id} leaves: {why}")
+    reason = f"worker {worker_id} leaves ({why}) once another worker holds commit {worker.commit}"
+    return Decision((HandOver(worker_id, why),), reason)
+
+
+def handovers(view: JobView, hosts: Sequence[HostSpec]) -> Decision:
+    """Let every leaver go whose state another member now holds. When no other worker is
+    there to take a leaver's state over, launch one on a free slot of `hosts`; when none can
+    be launched, let the leaver go with its state."""
+    leavers = [w for w in view.workers.values() if w.handing_over and w.state.alive]
+    actions: list[Action] = []
+    launch: Decision | None = None
+    needs_launch = False
+    for worker in leavers:
+        if handed_over(view, worker):
+            holds = f"another worker holds its state now (commit {worker.commit})"
+            actions.append(LetGo(worker.worker_id, f"{worker.leave_reason}; {holds}"))
+            continue
+        if any(
+            w.state in (WorkerState.LAUNCHING, WorkerState.MEMBER) and w.process is not None
+            for w in view.workers.values()
+        ):
+            continue  # a member or a joiner will report holding the commit
+        launch = launch or fill_slots(view, hosts)
+        if any(isinstance(a, Launch) for a in launch.actions):
+            needs_launch = True
+            continue
+        actions.append(
+            Warn(
+                f"worker {worker.worker_id} takes the only copy of the job's state (commit "
+                f"{worker.commit}) with it: no other worker can be started to take it over"
+            )
+        )
+        why = f"{worker.leave_reason}; nobody can take its state over"
+        actions.append(LetGo(worker.worker_id, why))
+    if needs_launch and launch is not None:
+        actions.extend(launch.actions)
+    if not actions:
+        return NOTHING
+    return Decision(tuple(actions), f"{len(leavers)} worker(s) handing their state over")

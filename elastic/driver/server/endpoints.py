@@ -1,0 +1,75 @@
+"""The driver's two endpoints, the HTTP API and the gRPC control service, with one TLS identity."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from elastic.driver.control.events import WorkerListener
+from elastic.driver.control.server import ControlServer
+from elastic.driver.server.app import HttpServer, create_app
+from elastic.driver.server.services import Services
+from elastic.driver.server.tls import TlsIdentity
+from elastic.driver.settings import Settings
+from elastic.protocol.etcd import DriverAddress, certificate_mac
+
+log = logging.getLogger("elasticrun")
+
+
+def tls_identity(settings: Settings, address: str) -> TlsIdentity | None:
+    """The certificate to serve with: the user's, a new self-signed one, or none."""
+    if not settings.tls:
+        return None
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        return TlsIdentity.load(settings.tls_cert, settings.tls_key)
+    return TlsIdentity.make_self_signed(sorted({address, "127.0.0.1", "localhost"}))
+
+
+class Endpoints:
+    """The HTTP API and the control service on `address` (free ports), started together."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        address: str,
+        services: Services,
+        listener: WorkerListener,
+    ) -> None:
+        self.tls = tls_identity(settings, address)
+        self._http = HttpServer(create_app(services), address, tls=self.tls)
+        self._control = ControlServer(
+            listener,
+            services.token,
+            address,
+            heartbeat_interval=settings.heartbeat_interval,
+            tls=self.tls,
+        )
+        self.url = ""
+        self.control_address = ""
+
+    async def start(self) -> None:
+        """Bind and serve both; raises RuntimeError when an address cannot be bound."""
+        await self._http.start()
+        await self._control.start()
+        self.url, self.control_address = self._http.url, self._control.address
+        log.debug("HTTP API on %s, control on %s", self.url, self.control_address)
+
+    async def stop(self) -> None:
+        """End the event streams, then stop serving (idempotent)."""
+        await self._control.stop(grace=0.5)
+        await self._http.stop()
+
+    def address(self, driver_id: str, token: str) -> DriverAddress:
+        """Where workers find this driver, as published in the journal. With TLS it carries
+        the certificate and its MAC under the job token, so workers of an earlier driver pin
+        it (a restarted driver's certificate is new); no private key is ever published."""
+        cert = self.tls.cert_pem if self.tls is not None else None
+        return DriverAddress(
+            driver_id=driver_id,
+            url=self.url,
+            control_address=self.control_address,
+            host=os.uname().nodename,
+            pid=os.getpid(),
+            tls_cert=cert.decode() if cert is not None else None,
+            tls_cert_mac=certificate_mac(token, cert) if cert is not None else None,
+        )
