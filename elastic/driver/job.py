@@ -147,8 +147,8 @@ class Job:
             detached=settings.backend.durable,
         )  # fmt: skip
         self._fleet = Fleet(
-            self._hosts, self._reports, log_root, settings.output_dir, settings.stop_grace,
-            self._clock,
+            self._hosts, self._reports, self._rendezvous.slot_of, log_root, settings.output_dir,
+            settings.stop_grace, self._clock,
         )  # fmt: skip
         self._workers = self._fleet.workers
         elastic = self.elastic
@@ -340,7 +340,7 @@ class Job:
         for worker in self._workers.values():
             stopping = worker.state is WorkerState.STOPPED and worker.exit_code is None
             if worker.state.alive or stopping:
-                self._fleet.adopt(worker, self._folder(worker), self._label(worker))
+                self._fleet.adopt(worker)
                 if stopping:
                     self._stop(worker)
         self._fleet.stop_strays()
@@ -376,24 +376,6 @@ class Job:
             "round 1: %d worker(s) on %s", len(workers), _host_summary(workers)
         )
 
-    def _label(self, worker: Worker) -> Callable[[], str]:
-        """The output tag of `worker`: its rank now, else the last rank it had, else its id."""
-        last = worker.worker_id
-
-        def label() -> str:
-            nonlocal last
-            slot = self._rendezvous.slot_of(worker.worker_id)
-            if slot is not None:
-                last = str(slot.rank)
-            return last
-
-        return label
-
-    def _folder(self, worker: Worker) -> str:
-        """The worker's folder under --output-filename: its first rank, else its serial."""
-        slot = self._rendezvous.slot_of(worker.worker_id)
-        return f"rank.{slot.rank}" if slot is not None else f"worker.{worker.serial}"
-
     async def _start(self, worker: Worker) -> None:
         """Start `worker`'s process; a failure to start fails the worker (static: the job)."""
         assert self._endpoints is not None
@@ -403,9 +385,7 @@ class Job:
             slot=self._rendezvous.slot_of(worker.worker_id),
         )  # fmt: skip
         try:
-            await self._fleet.start(
-                worker, self.settings.command, env, self._folder(worker), self._label(worker)
-            )
+            await self._fleet.start(worker, self.settings.command, env)
         except LaunchError as err:
             if self.elastic is None or self._hosts.is_local(worker.hostname):
                 raise  # the command cannot run here: trying again would not help

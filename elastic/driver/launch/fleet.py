@@ -22,10 +22,11 @@ from elastic.driver.launch.host_access import HostAccess
 from elastic.driver.launch.output import OutputSink, pump
 from elastic.driver.reports import Reports, WorkerExited
 from elastic.driver.workers import Worker, stop_workers
+from elastic.protocol.http import SlotInfo
 
 log = logging.getLogger("elasticrun")
 
-Label = Callable[[], str]  # a worker's output tag, asked at every line
+SlotOf = Callable[[str], SlotInfo | None]  # a worker's slot in the current round, if any
 
 
 class Fleet:
@@ -42,6 +43,7 @@ class Fleet:
         self,
         hosts: HostAccess,
         reports: Reports,
+        slot_of: SlotOf,
         log_root: str,
         output_dir: str | None,
         stop_grace: float,
@@ -50,6 +52,7 @@ class Fleet:
         self.workers: dict[str, Worker] = {}
         self.serial = 0  # the number the last new worker got
         self._reports = reports
+        self._slot_of = slot_of
         self.log_root = log_root
         self._hosts = hosts
         self._output_dir = output_dir
@@ -72,9 +75,7 @@ class Fleet:
         self.workers[worker_id] = worker
         return worker
 
-    async def start(
-        self, worker: Worker, command: list[str], env: dict[str, str], folder: str, label: Label
-    ) -> None:
+    async def start(self, worker: Worker, command: list[str], env: dict[str, str]) -> None:
         """Start `worker`'s process and watch it; raises `LaunchError` if it cannot start
         (a planted log folder, an unreachable host, a command that cannot run)."""
         if self._hosts.detached(worker.hostname):
@@ -89,15 +90,15 @@ class Fleet:
         )
         worker.process = await self._hosts.launcher(worker.hostname).launch(spec)
         worker.launcher_pid = worker.process.pid
-        self._watch(worker, folder, label)
+        self._watch(worker)
 
-    def adopt(self, worker: Worker, folder: str, label: Label) -> None:
+    def adopt(self, worker: Worker) -> None:
         """Watch `worker`, which an earlier driver launched, as if this one had."""
         now = self._clock()
         worker.process = AdoptedProcess(worker.launcher_pid, worker.log_dir)
         worker.launched_at = now
         worker.last_heartbeat = now + ADOPT_GRACE  # it has to find this driver first
-        self._watch(worker, folder, label)
+        self._watch(worker)
 
     def stop_strays(self) -> None:
         """Kill the local workers an earlier driver launched after its last save: no record
@@ -133,7 +134,24 @@ class Fleet:
         await asyncio.gather(*self._pumps, return_exceptions=True)
         await self._follower.close()
 
-    def _watch(self, worker: Worker, folder: str, label: Label) -> None:
+    def _label(self, worker: Worker) -> Callable[[], str]:
+        """The output tag of `worker`: its rank now, else the last rank it had, else its id."""
+        last = worker.worker_id
+
+        def label() -> str:
+            nonlocal last
+            slot = self._slot_of(worker.worker_id)
+            if slot is not None:
+                last = str(slot.rank)
+            return last
+
+        return label
+
+    def _watch(self, worker: Worker) -> None:
+        # Its folder under --output-filename: named after its first rank, else its number.
+        slot = self._slot_of(worker.worker_id)
+        folder = f"rank.{slot.rank}" if slot is not None else f"worker.{worker.serial}"
+        label = self._label(worker)
         for stream in ("stdout", "stderr"):
             sink = OutputSink(label, stream, self._output_dir, folder)
             if worker.log_dir is not None:
