@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from elastic.driver.policy.liveness import MISSED_HEARTBEATS, Limits, Verdict, judge
+from elastic.driver.policy.liveness import (
+    MISSED_HEARTBEATS,
+    Ending,
+    Limits,
+    Verdict,
+    ending,
+    judge,
+)
 from elastic.driver.workers import Worker, WorkerState
 
 LIMITS = Limits(heartbeat_interval=1.0, stop_grace=5.0, start_timeout=30.0)
@@ -73,3 +80,35 @@ def test_a_worker_not_yet_started_is_never_judged() -> None:
 
 def test_hung_wins_over_a_closed_stream() -> None:
     assert verdict(worker(stream_closed_at=100.0, last_heartbeat=90.0), 106.0) is Verdict.HUNG
+
+
+@pytest.mark.parametrize(
+    ("fields", "unwatched", "expected"),
+    [
+        ({"state": WorkerState.STOPPED, "exit_code": 143}, False, Ending.IGNORED),
+        ({"state": WorkerState.FAILED, "exit_code": 137}, False, Ending.IGNORED),
+        ({"state": WorkerState.LEAVING, "exit_code": 0}, False, Ending.LEFT),
+        ({"state": WorkerState.LEAVING, "exit_code": 1}, False, Ending.LEFT),
+        # a leaver still handing its state over is a member until then
+        (
+            {"state": WorkerState.LEAVING, "handing_over": True, "exit_code": 1},
+            False,
+            Ending.FAILED,
+        ),
+        (
+            {"state": WorkerState.LEAVING, "handing_over": True, "exit_code": 0},
+            False,
+            Ending.FINISHED,
+        ),
+        ({"exit_code": 0}, False, Ending.FINISHED),
+        ({"exit_code": 0}, True, Ending.LEFT_UNSEEN),
+        ({"exit_code": 0, "exiting": True}, True, Ending.FINISHED),  # it said so first
+        ({"exit_code": 127, "registered": False}, False, Ending.CANNOT_RUN),
+        ({"exit_code": 126, "registered": False}, False, Ending.CANNOT_RUN),
+        ({"exit_code": 127}, False, Ending.FAILED),  # its script's own 127, once running
+        ({"exit_code": 137}, False, Ending.FAILED),
+        ({"state": WorkerState.LAUNCHING, "exit_code": 1}, False, Ending.FAILED),
+    ],
+)
+def test_what_an_exit_means(fields: dict, unwatched: bool, expected: Ending) -> None:
+    assert ending(worker(**fields), unwatched) is expected

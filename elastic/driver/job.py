@@ -44,7 +44,7 @@ from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
 from elastic.driver.policy import leaving
 from elastic.driver.policy import rounds as policy
-from elastic.driver.policy.liveness import Limits, Verdict
+from elastic.driver.policy.liveness import Ending, Limits, Verdict, ending
 from elastic.driver.policy.planning import free_slots
 from elastic.driver.policy.rounds import Decision, JobView, Phase
 from elastic.driver.rendezvous.batcher import RoundBatcher
@@ -549,20 +549,27 @@ class Job:
 
     def _on_exit(self, worker: Worker) -> None:
         """`worker`'s process ended (its code is `worker.exit_code`)."""
-        code = worker.exit_code
-        assert code is not None
         self._channels.forget(worker.worker_id)
-        if worker.state is WorkerState.STOPPED or not worker.state.alive:
+        kind = ending(worker, _ended_unwatched(worker))
+        if kind is Ending.IGNORED:
             return
         was_member = worker.worker_id in self._rendezvous.members
-        if worker.state is WorkerState.LEAVING and not worker.handing_over:
+        code = worker.exit_code
+        if kind is Ending.FAILED:
+            self._worker_failed(worker, _describe_exit(worker))
+        elif kind is Ending.CANNOT_RUN:
+            self._finish(
+                code or 1,
+                f"{self._where(worker)} could not run {self.settings.command[0]!r} (exit code "
+                f"{code}: {'not found' if code == 127 else 'not executable'}); its output says "
+                "more",
+            )
+        elif kind is Ending.LEFT:
             worker.state = WorkerState.EXITED
             if code != 0:
                 log.warning("%s left with exit code %d", self._where(worker), code)
             self._scale()  # its slot is free again
-        elif code == 0 and not worker.exiting and _ended_unwatched(worker):
-            # No driver watched it end, and it never said it finished: it left (its leave
-            # was not saved, etcd was down), which is no end of training.
+        elif kind is Ending.LEFT_UNSEEN:  # its leave was not saved (etcd was down)
             worker.state = WorkerState.EXITED
             log.warning(
                 "%s exited with code 0 while no driver watched it, without having said that "
@@ -575,20 +582,11 @@ class Job:
                 self._scale()
             else:
                 self._apply(policy.job_end(self._view()))
-        elif code == 0:
+        else:
             worker.state = WorkerState.EXITED  # a member's end is training's end
             if was_member:
                 self._begin_finishing()
             self._apply(policy.job_end(self._view()))
-        elif code in (126, 127) and not worker.registered:
-            self._finish(
-                code,
-                f"{self._where(worker)} could not run {self.settings.command[0]!r} (exit code "
-                f"{code}: {'not found' if code == 127 else 'not executable'}); its output says "
-                "more",
-            )
-        else:
-            self._worker_failed(worker, _describe_exit(worker))
 
     def _on_verdict(self, worker: Worker, verdict: Verdict) -> None:
         if not worker.state.alive:

@@ -64,3 +64,29 @@ def judge(workers: Iterable[Worker], now: float, limits: Limits) -> list[tuple[W
         ):
             verdicts.append((worker, Verdict.NOT_JOINED))
     return verdicts
+
+
+class Ending(enum.Enum):
+    """What a worker's exit means for the job."""
+
+    IGNORED = "ignored"  # it was stopped, or had ended for the driver already
+    LEFT = "left"  # it had left the job: its slot is free
+    LEFT_UNSEEN = "left unseen"  # exited 0 unwatched, never said it finished: it left
+    FINISHED = "finished"  # exited 0: a member's end is the end of training
+    CANNOT_RUN = "cannot run"  # 126/127 before registering: the command cannot run
+    FAILED = "failed"  # died or exited non-zero
+
+
+def ending(worker: Worker, ended_unwatched: bool) -> Ending:
+    """What `worker`'s exit (its `exit_code`) means; `ended_unwatched`: it ended while no
+    driver watched it (between a driver's death and its successor's adoption)."""
+    code = worker.exit_code
+    if worker.state is WorkerState.STOPPED or not worker.state.alive:
+        return Ending.IGNORED
+    if worker.state is WorkerState.LEAVING and not worker.handing_over:
+        return Ending.LEFT
+    if code == 0:
+        return Ending.LEFT_UNSEEN if ended_unwatched and not worker.exiting else Ending.FINISHED
+    if code in (126, 127) and not worker.registered:
+        return Ending.CANNOT_RUN
+    return Ending.FAILED
