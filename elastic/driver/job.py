@@ -38,6 +38,7 @@ from elastic.driver.journal.resume import (
     settings_document,
     snapshot,
 )
+from elastic.driver.launch.base import Launcher
 from elastic.driver.launch.detached import AdoptedProcess
 from elastic.driver.launch.environment import worker_environment
 from elastic.driver.launch.fleet import Fleet
@@ -86,9 +87,10 @@ class Job:
     worker outlives `run()`, except when this driver lost its job to another one.
 
     Collaborators not passed in are built from the settings: `hosts` reaches hosts and
-    launches on them, `discovery` finds hosts, `backend` keeps the job's state (a driver
-    started again with the same job id after this one died takes the job up from it and
-    re-adopts the running workers), `clock` is monotonic time.
+    launches on them (with `launcher`, if given, for every host), `discovery` finds hosts,
+    `backend` keeps the job's state (a driver started again with the same job id after this
+    one died takes the job up from it and re-adopts the running workers), `clock` is
+    monotonic time.
     """
 
     def __init__(
@@ -98,6 +100,7 @@ class Job:
         backend: StateBackend | None = None,
         hosts: HostAccess | None = None,
         discovery: HostDiscovery | None = None,
+        launcher: Launcher | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.job_id = settings.backend.job_id or uuid.uuid4().hex[:12]
@@ -131,7 +134,7 @@ class Job:
         self._result: asyncio.Future[int] | None = None
         self._end_message = ""
         self._endpoints: Endpoints | None = None
-        self._given = (hosts, discovery)
+        self._given = (hosts, discovery, launcher)
         self._configure(settings, default_log_root(self.job_id))
 
     @classmethod
@@ -141,10 +144,10 @@ class Job:
 
     def _configure(self, settings: Settings, log_root: str) -> None:
         self.settings, self.elastic = settings, settings.elastic
-        hosts, discovery = self._given
+        hosts, discovery, launcher = self._given
         self._hosts = hosts or HostAccess(
             settings.ssh, settings.stop_grace, settings.start_timeout,
-            detached=settings.backend.durable,
+            detached=settings.backend.durable, local_launcher=launcher, ssh_launcher=launcher,
         )  # fmt: skip
         self._fleet = Fleet(
             self._hosts, self._reports, self._rendezvous.slot_of, log_root, settings.output_dir,
@@ -731,6 +734,11 @@ class Job:
             self._reform(f"{self._where(worker)} leaves: {why}")
         else:
             self._journal.save_soon()
+
+    @property
+    def end_message(self) -> str:
+        """The job's last line, once it has ended ("" for a clean end)."""
+        return self._end_message
 
     def status(self) -> JobStatus:
         hosts = self._watcher.tracker.hosts if self.elastic is not None else self.settings.hosts
