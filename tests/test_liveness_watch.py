@@ -1,0 +1,111 @@
+"""The liveness watch on a real event loop with a fake job clock: its verdicts and ticks, and
+a paused driver excusing the heartbeats it could not hear."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from elastic.driver.control.liveness import LivenessWatch
+from elastic.driver.policy.liveness import Limits, Verdict
+from elastic.driver.reports import Judged, Report, Tick
+from elastic.driver.workers import Worker
+from tests.policy_views import M, worker
+
+INTERVAL = 0.1  # heartbeat interval: the watch looks this often
+LIMITS = Limits(heartbeat_interval=INTERVAL, stop_grace=10.0, start_timeout=600.0)
+WAIT = 5.0  # seconds a test waits for a report at most
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def member(worker_id: str, last_heartbeat: float) -> Worker:
+    return worker(worker_id, M, registered=True, joined=True, last_heartbeat=last_heartbeat)
+
+
+def watching(
+    workers: list[Worker],
+    scenario: Callable[[asyncio.Queue[Report], Clock], Coroutine[Any, Any, None]],
+) -> None:
+    async def main() -> None:
+        reports: asyncio.Queue[Report] = asyncio.Queue()
+        clock = Clock()
+        task = asyncio.create_task(LivenessWatch(lambda: workers, LIMITS, reports, clock).run())
+        try:
+            await scenario(reports, clock)
+        finally:
+            task.cancel()
+
+    asyncio.run(main())
+
+
+async def look(reports: asyncio.Queue[Report]) -> list[Report]:
+    """The reports of the watch's next look, its `Tick` last."""
+    async with asyncio.timeout(WAIT):
+        found = [await reports.get()]
+        while not isinstance(found[-1], Tick):
+            found.append(await reports.get())
+    return found
+
+
+def test_a_silent_worker_is_judged_hung_at_every_look_each_followed_by_a_tick() -> None:
+    silent = member("r0", last_heartbeat=99.0)  # 1 s silent: more than 3 intervals
+    heard = member("r1", last_heartbeat=100.0)
+
+    async def scenario(reports: asyncio.Queue[Report], clock: Clock) -> None:
+        assert await look(reports) == [Judged(silent, Verdict.HUNG), Tick(100.0)]
+        clock.now = 100.1
+        heard.last_heartbeat = 100.1
+        assert await look(reports) == [Judged(silent, Verdict.HUNG), Tick(100.1)]
+
+    watching([silent, heard], scenario)
+
+
+@pytest.mark.parametrize(
+    ("pause", "said"),
+    [(0.4, False), (1.3, True)],
+    ids=["a short pause is excused silently", "a pause of 1 s or more is said"],
+)
+def test_a_paused_driver_excuses_the_heartbeats_it_missed(pause, said, caplog) -> None:
+    workers = [member("r0", last_heartbeat=100.0), member("r1", last_heartbeat=100.0)]
+
+    async def scenario(reports: asyncio.Queue[Report], clock: Clock) -> None:
+        assert await look(reports) == [Tick(100.0)]
+        clock.now += pause
+        time.sleep(pause)  # the driver's loop is blocked: no heartbeat can be heard
+        after = await look(reports)
+        assert after == [Tick(clock.now)], "no worker is hung for the driver's own pause"
+        assert all(w.last_heartbeat == clock.now for w in workers)
+
+    with caplog.at_level(logging.WARNING, logger="elasticrun"):
+        watching(workers, scenario)
+    paused = [r.getMessage() for r in caplog.records if "was paused for" in r.getMessage()]
+    assert len(paused) == (1 if said else 0)
+    if said:
+        assert paused[0].startswith("this driver was paused for 1.")
+        assert "workers' heartbeats are awaited from now" in paused[0]
+
+
+def test_silence_after_an_excused_pause_is_judged_again() -> None:
+    quiet = member("r0", last_heartbeat=100.0)
+
+    async def scenario(reports: asyncio.Queue[Report], clock: Clock) -> None:
+        await look(reports)
+        clock.now += 0.4
+        time.sleep(0.4)
+        assert await look(reports) == [Tick(clock.now)]
+        clock.now += 4 * INTERVAL  # the loop runs again, and the worker stays silent
+        assert await look(reports) == [Judged(quiet, Verdict.HUNG), Tick(clock.now)]
+
+    watching([quiet], scenario)
