@@ -5,8 +5,6 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-import pytest
-
 from elastic.driver.discovery import HostTracker
 from elastic.driver.discovery.cooldown import Cooldown
 from elastic.driver.discovery.hosts import HostSpec
@@ -128,12 +126,6 @@ def test_discovered_hosts_and_cooldowns_survive_a_new_monotonic_clock() -> None:
     assert change is not None and change.added == ("b",)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="snapshot keeps the ENDED_KEPT ended workers launched last, even when an older "
-    "ended one is still a member of the saved round: a restarted driver then finds a member "
-    "without a record (Job._restore: KeyError in self._workers[w])",
-)
 def test_every_member_of_the_saved_round_keeps_its_record() -> None:
     """d#0, launched first, died; the job is short of --min-np, so no round re-formed, while
     more than ENDED_KEPT replacement workers failed to start after it."""

@@ -126,13 +126,14 @@ def snapshot(
     finishing: bool,
     wall_offset: float,
 ) -> bytes:
-    """The job's state as saved (`JobState` JSON): the round, live workers and the newest
-    `ENDED_KEPT` ended ones, discovery's last answer, cooldowns (in wall time: monotonic
-    time plus `wall_offset`), counters (`serial`: the last worker's number), and whether
-    training is over."""
+    """The job's state as saved (`JobState` JSON): the round, live workers, the round's
+    members and the newest `ENDED_KEPT` other ended ones, discovery's last answer, cooldowns
+    (in wall time: monotonic time plus `wall_offset`), counters (`serial`: the last worker's
+    number), and whether training is over."""
     workers = list(workers)
-    ended = [w for w in workers if not w.state.alive]
-    kept = [w for w in workers if w.state.alive] + ended[-ENDED_KEPT:]
+    members = set(rendezvous.members)  # a dead member stays in its round until the next
+    ended = [w for w in workers if not w.state.alive and w.worker_id not in members]
+    kept = [w for w in workers if w.state.alive or w.worker_id in members] + ended[-ENDED_KEPT:]
     state = JobState(
         epoch=rendezvous.epoch,
         members=rendezvous.members,
