@@ -133,7 +133,8 @@ def snapshot(
     workers = list(workers)
     members = set(rendezvous.members)  # a dead member stays in its round until the next
     ended = [w for w in workers if not w.state.alive and w.worker_id not in members]
-    kept = [w for w in workers if w.state.alive or w.worker_id in members] + ended[-ENDED_KEPT:]
+    dropped = {id(w) for w in ended[:-ENDED_KEPT]}
+    kept = [w for w in workers if id(w) not in dropped]  # in launch order
     state = JobState(
         epoch=rendezvous.epoch,
         members=rendezvous.members,
