@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from elastic.worker.membership import HostsUpdate, MembershipEvents
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "s3cret-control-token"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
 INTERVAL = 0.1
 
 
@@ -53,7 +55,7 @@ class RecordingListener:
     def heartbeat(self, worker_id: str, epoch: int, commit: int = 0) -> bool:
         if self.fail_heartbeats:
             raise RuntimeError("listener bug")
-        self._record("heartbeat", worker_id, epoch)
+        self._record("heartbeat", worker_id, epoch, commit)
         return worker_id not in self.unknown
 
     def leave(self, worker_id: str, reason: str, commit: int) -> bool:
@@ -259,6 +261,10 @@ def test_calls_without_the_token_are_refused(
         calls: list[tuple[Any, Any]] = [
             (stub.Register, pb.RegisterRequest(worker_id="w", pid=1)),
             (stub.Heartbeat, pb.HeartbeatRequest(worker_id="w", epoch=1)),
+            (
+                lambda r, **kw: stub.Heartbeats(iter([r]), **kw),
+                pb.HeartbeatRequest(worker_id="w", epoch=1),
+            ),
             (stub.Leave, pb.LeaveRequest(worker_id="w", reason="r")),
             (lambda r, **kw: list(stub.Events(r, **kw)), pb.EventsRequest(worker_id="w")),
             (channel.unary_unary("/elastic.control.v1.Control/Nothing"), b""),
@@ -295,6 +301,101 @@ def test_bad_requests_and_listener_errors_are_answers_not_crashes(driver: Driver
             stub.Heartbeat(pb.HeartbeatRequest(worker_id="w"), metadata=auth, timeout=5)
         assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "RuntimeError" in (failed.value.details() or "")
+
+
+class Beats:
+    """The request side of a `Heartbeats` call, written by the test: `send` one message,
+    `end` half-closes."""
+
+    def __init__(self) -> None:
+        self._messages: queue.Queue[pb.HeartbeatRequest | None] = queue.Queue()
+
+    def send(self, worker_id: str, epoch: int = 0, commit: int = 0) -> None:
+        self._messages.put(pb.HeartbeatRequest(worker_id=worker_id, epoch=epoch, commit=commit))
+
+    def end(self) -> None:
+        self._messages.put(None)
+
+    def __iter__(self) -> Iterator[pb.HeartbeatRequest]:
+        while (message := self._messages.get()) is not None:
+            yield message
+
+
+def open_heartbeats(channel: grpc.Channel, beats: Beats) -> Any:
+    """A `Heartbeats` call fed by `beats`, once the driver has accepted it."""
+    call = pb_grpc.ControlStub(channel).Heartbeats.future(iter(beats), metadata=AUTH, timeout=30)
+    call.initial_metadata()  # the driver sends its headers on accepting the stream
+    return call
+
+
+def test_a_heartbeat_stream_reports_every_message_until_the_worker_half_closes(
+    driver: Driver,
+) -> None:
+    beats = Beats()
+    with grpc.insecure_channel(driver.server.address) as channel:
+        call = open_heartbeats(channel, beats)
+        for epoch in (1, 2, 3):
+            beats.send("w1", epoch=epoch, commit=10 * epoch)
+            driver.listener.wait_for("heartbeat", "w1", count=epoch)
+        beats.send("w2", epoch=3)  # each message names its worker
+        driver.listener.wait_for("heartbeat", "w2")
+        beats.end()
+        assert call.result(timeout=10) == pb.HeartbeatResponse()
+    heard = [c[2:4] for c in driver.listener.of("heartbeat", "w1")]
+    assert heard == [(1, 10), (2, 20), (3, 30)]
+
+
+def test_a_heartbeat_stream_ends_not_found_once_the_driver_knows_no_such_worker(
+    driver: Driver,
+) -> None:
+    beats = Beats()
+    with grpc.insecure_channel(driver.server.address) as channel:
+        call = open_heartbeats(channel, beats)
+        beats.send("w1", epoch=1)
+        driver.listener.wait_for("heartbeat", "w1")
+        driver.listener.unknown.add("w1")  # declared dead
+        beats.send("w1", epoch=1)
+        with pytest.raises(grpc.RpcError) as ended:
+            call.result(timeout=10)
+        beats.end()
+    assert ended.value.code() == grpc.StatusCode.NOT_FOUND
+    assert len(driver.listener.of("heartbeat", "w1")) == 2
+
+
+@pytest.mark.parametrize(
+    ("worker_id", "listener_fails", "code"),
+    [
+        ("", False, grpc.StatusCode.INVALID_ARGUMENT),
+        ("w" * 999, False, grpc.StatusCode.INVALID_ARGUMENT),
+        ("w1", True, grpc.StatusCode.UNAVAILABLE),  # the worker reopens the stream
+    ],
+)
+def test_a_refused_heartbeat_ends_its_stream_with_the_unary_calls_code(
+    driver: Driver, worker_id: str, listener_fails: bool, code: grpc.StatusCode
+) -> None:
+    beats = Beats()
+    with grpc.insecure_channel(driver.server.address) as channel:
+        call = open_heartbeats(channel, beats)
+        beats.send("w0")  # a good one first: the stream is not refused as a whole
+        driver.listener.wait_for("heartbeat", "w0")
+        driver.listener.fail_heartbeats = listener_fails
+        beats.send(worker_id)
+        with pytest.raises(grpc.RpcError) as ended:
+            call.result(timeout=10)
+        beats.end()
+    assert ended.value.code() == code
+
+
+def test_stopping_the_server_ends_heartbeat_streams_with_ok_at_once(driver: Driver) -> None:
+    beats = Beats()
+    with grpc.insecure_channel(driver.server.address) as channel:
+        call = open_heartbeats(channel, beats)
+        beats.send("w1")
+        driver.listener.wait_for("heartbeat", "w1")
+        # A stream still open when the grace ran out would hold stop() for a minute.
+        driver.run(driver.server.stop(grace=60), timeout=20)
+        assert call.result(timeout=10) == pb.HeartbeatResponse()
+        beats.end()
 
 
 def test_not_found_evicts_the_worker(driver: Driver, clients: list[ControlClient]) -> None:
