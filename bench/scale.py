@@ -43,9 +43,9 @@ One trial per size and backend; from CLOCK_MONOTONIC stamps, comparable across p
   `declared_dead` counts survivors the driver declared dead meanwhile (missed heartbeats).
 
 Every failed call a simulated worker tries again is counted by call and status
-(`worker_retries`). They retry what the worker retries, and CANCELLED too, which the worker's
-`ControlClient` does not: `workers_with_register_cancelled` counts the workers whose start a
-real worker would have given up (see `bench.simulated.SimWorker._call`). The simulated
+(`worker_retries`). They retry what the worker retries (CANCELLED among it, since the worker's
+`ControlClient` retries it too): `workers_with_register_cancelled` counts the workers whose
+`Register` ended CANCELLED at least once, a start that failed before it did. The simulated
 workers all start the moment they are launched (`--start-spread S`: each after a random delay
 of up to S s, as a real worker's interpreter and imports would spread them).
 
@@ -683,7 +683,7 @@ async def run_trial(
         if not record["ok"]:
             record["driver_log_tail"] = driver.log_tail()
         record["worker_retries"] = dict(fleet.retries.most_common())
-        # A real worker's start fails on a CANCELLED Register: these would have exited.
+        # Before CANCELLED was retried, a worker's start failed on it: these would have exited.
         record["workers_with_register_cancelled"] = len(fleet.register_cancelled)
         if fleet.errors:
             record["worker_errors"] = fleet.errors[:5]

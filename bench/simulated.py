@@ -248,15 +248,9 @@ class SimWorker:
         self._report({"ev": "retry", "id": self.worker_id, "what": what})
 
     async def _call(self, method: Any, request: Any, timeout: float) -> Any:
-        """A unary call, retried like the worker's on transient codes; NOT_FOUND: `Evicted`.
-
-        CANCELLED is retried too, where the worker's `ControlClient` gives up (its start
-        fails and the process exits): the gRPC client cancels calls that were waiting on a
-        connection it abandons (the worker's channel options allow 100 ms, growing to 2 s,
-        for the connection's handshake), which happens far more often with thousands of
-        channels in one client process than in a worker process of its own. Each such
-        retry is reported (`retry`, "... CANCELLED"), so the count of workers that would
-        have died of it is in the results."""
+        """A unary call, retried like the worker's on transient codes (CANCELLED among them:
+        the gRPC client cancels calls waiting on a connection it gave up); NOT_FOUND:
+        `Evicted`. Each retry is reported (`retry`, "<call> <code>")."""
         import grpc
 
         from elastic.worker.control import _RETRYABLE  # the worker's own list
@@ -270,7 +264,7 @@ class SimWorker:
                 code = err.code()
                 if code == grpc.StatusCode.NOT_FOUND:
                     raise Evicted(self.worker_id) from err
-                if code not in _RETRYABLE and code != grpc.StatusCode.CANCELLED:
+                if code not in _RETRYABLE:
                     raise
                 self._retrying(f"{name} {code.name}")
                 await backoff.wait(err)

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from elastic.driver.control.events import ControlEvent, EpochBroken, HostsUpdate
 from elastic.driver.control.server import ControlServer
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
-from elastic.worker.control import ControlClient, WorkerEvicted
+from elastic.worker.control import ControlClient, ControlError, WorkerEvicted
 from elastic.worker.membership import HostsUpdate, MembershipEvents
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -396,6 +397,67 @@ def test_stopping_the_server_ends_heartbeat_streams_with_ok_at_once(driver: Driv
         driver.run(driver.server.stop(grace=60), timeout=20)
         assert call.result(timeout=10) == pb.HeartbeatResponse()
         beats.end()
+
+
+class CancellingDriver(pb_grpc.ControlServicer):
+    """A control service (sync gRPC server on loopback) that answers its first `cancel`
+    Register calls CANCELLED, as gRPC does for a call whose connection it gave up; it accepts
+    the heartbeat and event streams and sends no event."""
+
+    def __init__(self, cancel: int) -> None:
+        self.cancel = cancel
+        self.registrations = 0
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_ControlServicer_to_server(self, self._server)
+        self.address = f"127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
+        self._server.start()
+
+    def Register(self, request: Any, context: Any) -> pb.RegisterResponse:  # noqa: N802
+        self.registrations += 1
+        if self.registrations <= self.cancel:
+            context.abort(grpc.StatusCode.CANCELLED, "the connection was given up")
+        return pb.RegisterResponse(heartbeat_interval=INTERVAL)
+
+    def Heartbeats(self, request_iterator: Any, context: Any) -> pb.HeartbeatResponse:  # noqa: N802
+        context.send_initial_metadata(())
+        for _ in request_iterator:
+            pass
+        return pb.HeartbeatResponse()
+
+    def Events(self, request: Any, context: Any) -> Iterator[pb.Event]:  # noqa: N802
+        context.send_initial_metadata(())
+        while context.is_active():
+            time.sleep(0.05)
+        yield from ()
+
+    def stop(self) -> None:
+        self._server.stop(0)
+
+
+def test_a_cancelled_register_is_retried(clients: list[ControlClient]) -> None:
+    """At 10,000 workers starting at once, Register calls ended CANCELLED and every such
+    worker failed to start; now it tries again, within its retry budget."""
+    cancelling = CancellingDriver(cancel=2)
+    try:
+        client = ControlClient(cancelling.address, TOKEN, "w1", MembershipEvents())
+        clients.append(client)
+        client.start()
+        assert cancelling.registrations == 3
+        assert client.heartbeat_interval == INTERVAL
+    finally:
+        cancelling.stop()
+
+
+def test_cancelled_registers_are_retried_for_the_budget_only(clients: list[ControlClient]) -> None:
+    cancelling = CancellingDriver(cancel=1_000_000)
+    try:
+        client = ControlClient(cancelling.address, TOKEN, "w1", MembershipEvents(), retry_for=0.5)
+        clients.append(client)
+        with pytest.raises(ControlError, match="unreachable for 0.5 s"):
+            client.start()
+        assert cancelling.registrations > 1
+    finally:
+        cancelling.stop()
 
 
 def test_not_found_evicts_the_worker(driver: Driver, clients: list[ControlClient]) -> None:

@@ -36,10 +36,13 @@ Answer = TypeVar("Answer")
 EXIT_EVICTED = 1
 
 # Codes after which a call may succeed if tried again: the driver is away, restarting, or
-# failed transiently. Any other code is an answer.
+# failed transiently. Any other code is an answer. CANCELLED, when this client did not cancel
+# the call itself: gRPC cancels a call whose connection it gave up (a driver too busy to finish
+# handshakes, thousands of workers starting at once), and `_relocate` closes the old channel.
 _RETRYABLE = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.CANCELLED,
         grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         grpc.StatusCode.ABORTED,
@@ -53,10 +56,15 @@ _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
-    # Reconnect to a restarted driver within 2 s (gRPC's default backoff grows to 120 s).
+    # Reconnect to a restarted driver within 2 s (gRPC's default backoff grows to 120 s); gRPC
+    # spreads each wait by +-20 % itself, so workers that lost the driver together disperse.
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2_000),
+    # The least time a connection attempt is given (gRPC's name notwithstanding, not a
+    # backoff; default 20 s): at 100 ms, a driver busy with thousands of workers' handshakes
+    # saw them given up and restarted, again and again. A driver host that vanished is
+    # noticed by keep-alive and by the calls' own deadlines, not by this.
+    ("grpc.min_reconnect_backoff_ms", 5_000),
     # No bandwidth probing: control messages are tiny, and each probe is a ping the driver
     # answers.
     ("grpc.http2.bdp_probe", 0),
@@ -297,7 +305,11 @@ class ControlClient:
         """One unary call with tenacity retries of transient failures for `retry_for` s
         (default: the client's)."""
         budget = self._retry_for if retry_for is None else retry_for
-        retrying = bounded_retries(budget, _retryable, moved=self._relocate)
+
+        def retryable(err: BaseException) -> bool:
+            return _retryable(err) and not self._stop.is_set()  # close() cancels, not gRPC
+
+        retrying = bounded_retries(budget, retryable, moved=self._relocate)
         timeout = min(CALL_TIMEOUT, max(budget, 0.5))  # one attempt fits a short budget
         try:
             for attempt in retrying:
