@@ -10,10 +10,10 @@ replaced: `FakeLauncher` starts no process but hands each worker's environment t
 client process (`bench.simulated`, asyncio: grpc.aio and a minimal HTTP/1.1 client) where a
 simulated worker does what `elastic.worker.runtime.init` and the elastic run loop do on the
 wire: gRPC Register (job token as `authorization: Bearer ...`), the Events stream (opened
-before joining), a Heartbeat every heartbeat interval, and `POST /v1/rendezvous/join` until
-`formed`; on `EpochBroken` / `HostsUpdated` it joins again with `after_epoch` = its epoch. No
-torch, no process group. `bench/scale.py` uses the same workers, in several processes, against
-a driver in its own process, up to 10,000 workers.
+before joining), a heartbeat every heartbeat interval on the Heartbeats stream, and
+`POST /v1/rendezvous/join` until `formed`; on `EpochBroken` / `HostsUpdated` it joins again
+with `after_epoch` = its epoch. No torch, no process group. `bench/scale.py` uses the same
+workers, in several processes, against a driver in its own process, up to 10,000 workers.
 
 Each trial of an elastic job `-np N --min-np 1 --max-np N -H localhost:N` (N = 2, 4, 8 and
 1000 simulated workers) measures, in seconds:

@@ -43,9 +43,9 @@ One trial per size and backend; from CLOCK_MONOTONIC stamps, comparable across p
   `declared_dead` counts survivors the driver declared dead meanwhile (missed heartbeats).
 
 Every failed call a simulated worker tries again is counted by call and status
-(`worker_retries`). They retry what the worker retries, and CANCELLED too, which the worker's
-`ControlClient` does not: `workers_with_register_cancelled` counts the workers whose start a
-real worker would have given up (see `bench.simulated.SimWorker._call`). The simulated
+(`worker_retries`). They retry what the worker retries (CANCELLED among it, since the worker's
+`ControlClient` retries it too): `workers_with_register_cancelled` counts the workers whose
+`Register` ended CANCELLED at least once, a start that failed before it did. The simulated
 workers all start the moment they are launched (`--start-spread S`: each after a random delay
 of up to S s, as a real worker's interpreter and imports would spread them).
 
@@ -55,7 +55,8 @@ Side by side (`--no-tcpstore` to skip), `bench.tcpstore_rendezvous`: N clients o
 
 `--profile FILE` adds one more trial (memory, `--profile-size` workers) with the driver under
 cProfile (stats in FILE, a summary in the JSON); `--py-spy FILE` one more, the driver sampled
-by py-spy (raw collapsed stacks of the whole trial in FILE, of its rest window in FILE.idle).
+by py-spy (raw collapsed stacks of the whole trial in FILE, of its rest window in FILE.idle,
+of its re-form after one death in FILE.one_death; `--py-spy-native`: with C frames too).
 Profiling slows the driver: those trials' times are not the table's.
 
 Open files: each process raises its RLIMIT_NOFILE soft limit to the hard limit (`resource.
@@ -447,12 +448,16 @@ class DriverProcess:
 
 class PySpy:
     """py-spy sampling a process into a raw collapsed-stack file until `stop()` (or for
-    `duration` seconds)."""
+    `duration` seconds); `native`: with the C frames (grpc's Cython, libc), which pauses the
+    process at each sample."""
+
+    native = False  # `--py-spy-native`, for every sampler of the run
 
     def __init__(self, pid: int, out: str, duration: float | None = None) -> None:
         limit = ["--duration", str(math.ceil(duration))] if duration else []
+        how = ["--native"] if self.native else ["--nonblocking"]
         self._process = subprocess.Popen(
-            ["py-spy", "record", "--pid", str(pid), "--rate", "100", "--nonblocking",
+            ["py-spy", "record", "--pid", str(pid), "--rate", "100", *how,
              "--format", "raw", "--output", out, *limit],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
@@ -651,9 +656,14 @@ async def run_trial(
         record["driver_rss_mib"] = process_memory_mib(driver.pid).get("rss_mib")
         exits_seen = args.death == "exit"
         victim = rng.choice(fleet.alive())
-        record["one_death"] = await measure_deaths(
-            fleet, driver, [victim], exits_seen, timeout, ended
-        )
+        death_spy = PySpy(driver.pid, f"{py_spy}.one_death") if py_spy else None
+        try:
+            record["one_death"] = await measure_deaths(
+                fleet, driver, [victim], exits_seen, timeout, ended
+            )
+        finally:
+            if death_spy is not None:
+                death_spy.stop()
         await asyncio.sleep(SETTLE_S)
         count = max(1, round(n * args.death_fraction))
         victims = rng.sample(fleet.alive(), count)
@@ -683,7 +693,7 @@ async def run_trial(
         if not record["ok"]:
             record["driver_log_tail"] = driver.log_tail()
         record["worker_retries"] = dict(fleet.retries.most_common())
-        # A real worker's start fails on a CANCELLED Register: these would have exited.
+        # Before CANCELLED was retried, a worker's start failed on it: these would have exited.
         record["workers_with_register_cancelled"] = len(fleet.register_cancelled)
         if fleet.errors:
             record["worker_errors"] = fleet.errors[:5]
@@ -808,6 +818,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 profile["py_spy"] = {"trial": trial, **summarize_collapsed(args.py_spy)}
                 profile["py_spy_at_rest"] = summarize_collapsed(f"{args.py_spy}.idle")
+                profile["py_spy_one_death"] = summarize_collapsed(f"{args.py_spy}.one_death")
         finally:
             await fleet.close()
             if etcd is not None:
@@ -868,7 +879,14 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--no-tcpstore", dest="tcpstore", action="store_false")
     parser.add_argument("--profile", metavar="FILE", help="cProfile stats of a profiled trial")
-    parser.add_argument("--py-spy", metavar="FILE", help="py-spy raw stacks of a profiled trial")
+    parser.add_argument(
+        "--py-spy", metavar="FILE", help="py-spy raw stacks of a profiled trial (FILE), of its "
+        "rest window (FILE.idle) and of its re-form after one death (FILE.one_death)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--py-spy-native", action="store_true",
+        help="py-spy samples C frames too (grpc's Cython, libc); it pauses the driver to sample",
+    )  # fmt: skip
     parser.add_argument("--profile-size", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", metavar="FILE", help="write the JSON here, not to stdout")
@@ -879,6 +897,7 @@ def main() -> None:
     if args.driver:
         driver_main(args)
         return
+    PySpy.native = args.py_spy_native
     limits = raise_open_files_limit()
     started = time.monotonic()
     load_before = os.getloadavg()

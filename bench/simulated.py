@@ -3,8 +3,9 @@
 A simulated worker does on the wire what `elastic.worker.runtime.init` and the elastic run loop
 do, with the worker's own timeouts, retries and gRPC channel options: gRPC `Register` (job token
 as `authorization: Bearer ...`), the `Events` stream (opened, and accepted by the driver, before
-joining; reopened with a backoff when it ends), a `Heartbeat` every heartbeat interval (the
-epoch it is in, commit 0), and `POST /v1/rendezvous/join` until `formed`. On `EpochBroken` of
+joining; reopened with a backoff when it ends), the `Heartbeats` stream (one message every
+heartbeat interval: the epoch it is in, commit 0; reopened with a backoff when it ends), and
+`POST /v1/rendezvous/join` until `formed`. On `EpochBroken` of
 its epoch or `HostsUpdated` to a newer one it joins again with `after_epoch` = its epoch at
 once (a real worker does so at its next collective or commit). No process group, no torch.
 
@@ -135,7 +136,8 @@ class HttpConnection:
 
 
 class Backoff:
-    """The worker's retry schedule: 50 ms doubling to 2 s, for up to `RETRY_FOR_S` in all."""
+    """The worker's retry schedule: 50 ms doubling to 2 s, each wait jittered as the worker's
+    (`elastic.worker.retries.jittered`), for up to `RETRY_FOR_S` in all."""
 
     def __init__(self) -> None:
         self._deadline = time.monotonic() + RETRY_FOR_S
@@ -143,9 +145,12 @@ class Backoff:
 
     async def wait(self, error: BaseException) -> None:
         """Sleep before the next attempt; re-raise `error` when the budget is spent."""
-        if time.monotonic() + self._next > self._deadline:
+        from elastic.worker.retries import jittered
+
+        wait = jittered(self._next)
+        if time.monotonic() + wait > self._deadline:
             raise error
-        await asyncio.sleep(self._next)
+        await asyncio.sleep(wait)
         self._next = min(2 * self._next, BACKOFF_MAX_S)
 
 
@@ -243,15 +248,9 @@ class SimWorker:
         self._report({"ev": "retry", "id": self.worker_id, "what": what})
 
     async def _call(self, method: Any, request: Any, timeout: float) -> Any:
-        """A unary call, retried like the worker's on transient codes; NOT_FOUND: `Evicted`.
-
-        CANCELLED is retried too, where the worker's `ControlClient` gives up (its start
-        fails and the process exits): the gRPC client cancels calls that were waiting on a
-        connection it abandons (the worker's channel options allow 100 ms, growing to 2 s,
-        for the connection's handshake), which happens far more often with thousands of
-        channels in one client process than in a worker process of its own. Each such
-        retry is reported (`retry`, "... CANCELLED"), so the count of workers that would
-        have died of it is in the results."""
+        """A unary call, retried like the worker's on transient codes (CANCELLED among them:
+        the gRPC client cancels calls waiting on a connection it gave up); NOT_FOUND:
+        `Evicted`. Each retry is reported (`retry`, "<call> <code>")."""
         import grpc
 
         from elastic.worker.control import _RETRYABLE  # the worker's own list
@@ -265,7 +264,7 @@ class SimWorker:
                 code = err.code()
                 if code == grpc.StatusCode.NOT_FOUND:
                     raise Evicted(self.worker_id) from err
-                if code not in _RETRYABLE and code != grpc.StatusCode.CANCELLED:
+                if code not in _RETRYABLE:
                     raise
                 self._retrying(f"{name} {code.name}")
                 await backoff.wait(err)
@@ -305,32 +304,51 @@ class SimWorker:
             backoff = Backoff()  # pending: poll again
 
     async def _heartbeats(self) -> None:
-        """Every heartbeat interval (the worker's schedule); failures are only retried."""
+        """Keep the `Heartbeats` stream open, one message every heartbeat interval (the
+        worker's schedule); reopen it with the worker's backoff when it ends."""
+        import grpc
+
+        from elastic.worker.retries import Backoff as StreamBackoff
+
+        backoff = StreamBackoff()
+        while True:
+            call = self._stub.Heartbeats(metadata=self._metadata)
+            writer = asyncio.create_task(self._beat_on(call))
+            try:
+                await call.initial_metadata()
+                if not call.done():
+                    backoff.reset()
+                await call  # ended with OK: the driver is stopping
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.NOT_FOUND:
+                    raise Evicted(self.worker_id) from err
+                self._retrying(f"Heartbeats {err.code().name}")
+            finally:
+                writer.cancel()
+            await asyncio.sleep(backoff.next())
+
+    async def _beat_on(self, call: Any) -> None:
+        """Write one heartbeat every interval on `call` until it ends."""
         import grpc
 
         from elastic.protocol import control_pb2 as pb
 
         next_beat = time.monotonic()
-        while True:
-            request = pb.HeartbeatRequest(worker_id=self.worker_id, epoch=self.epoch, commit=0)
-            try:
-                await self._stub.Heartbeat(
-                    request, metadata=self._metadata, timeout=max(1.0, self._interval)
-                )
-            except grpc.aio.AioRpcError as err:
-                if err.code() == grpc.StatusCode.NOT_FOUND:
-                    raise Evicted(self.worker_id) from err
-                self._retrying(f"Heartbeat {err.code().name}")
-            next_beat = max(next_beat + self._interval, time.monotonic())
-            await asyncio.sleep(next_beat - time.monotonic())
+        with contextlib.suppress(asyncio.InvalidStateError, grpc.aio.AioRpcError):
+            while not call.done():
+                request = pb.HeartbeatRequest(worker_id=self.worker_id, epoch=self.epoch, commit=0)
+                await call.write(request)
+                next_beat = max(next_beat + self._interval, time.monotonic())
+                await asyncio.sleep(next_beat - time.monotonic())
 
     async def _events(self) -> None:
         """Consume the event stream; reopen it with the worker's backoff when it ends."""
         import grpc
 
         from elastic.protocol import control_pb2 as pb
+        from elastic.worker.retries import Backoff as StreamBackoff
 
-        backoff = BACKOFF_FIRST_S
+        backoff = StreamBackoff()
         while True:
             call = self._stub.Events(
                 pb.EventsRequest(worker_id=self.worker_id), metadata=self._metadata
@@ -338,7 +356,7 @@ class SimWorker:
             try:
                 await call.initial_metadata()
                 if not call.done():
-                    backoff = BACKOFF_FIRST_S
+                    backoff.reset()
                     self._stream_ready.set()
                 async for event in call:
                     self._deliver(event)
@@ -346,8 +364,7 @@ class SimWorker:
                 if err.code() == grpc.StatusCode.NOT_FOUND:
                     raise Evicted(self.worker_id) from err
                 self._retrying(f"Events {err.code().name}")
-            await asyncio.sleep(backoff)
-            backoff = min(2 * backoff, BACKOFF_MAX_S)
+            await asyncio.sleep(backoff.next())
 
     def _deliver(self, event: Any) -> None:
         kind = event.WhichOneof("kind")

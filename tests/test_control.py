@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +24,12 @@ from elastic.driver.control.events import ControlEvent, EpochBroken, HostsUpdate
 from elastic.driver.control.server import ControlServer
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
-from elastic.worker.control import ControlClient, WorkerEvicted
+from elastic.worker.control import ControlClient, ControlError, WorkerEvicted
 from elastic.worker.membership import HostsUpdate, MembershipEvents
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "s3cret-control-token"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
 INTERVAL = 0.1
 
 
@@ -53,7 +56,7 @@ class RecordingListener:
     def heartbeat(self, worker_id: str, epoch: int, commit: int = 0) -> bool:
         if self.fail_heartbeats:
             raise RuntimeError("listener bug")
-        self._record("heartbeat", worker_id, epoch)
+        self._record("heartbeat", worker_id, epoch, commit)
         return worker_id not in self.unknown
 
     def leave(self, worker_id: str, reason: str, commit: int) -> bool:
@@ -259,6 +262,10 @@ def test_calls_without_the_token_are_refused(
         calls: list[tuple[Any, Any]] = [
             (stub.Register, pb.RegisterRequest(worker_id="w", pid=1)),
             (stub.Heartbeat, pb.HeartbeatRequest(worker_id="w", epoch=1)),
+            (
+                lambda r, **kw: stub.Heartbeats(iter([r]), **kw),
+                pb.HeartbeatRequest(worker_id="w", epoch=1),
+            ),
             (stub.Leave, pb.LeaveRequest(worker_id="w", reason="r")),
             (lambda r, **kw: list(stub.Events(r, **kw)), pb.EventsRequest(worker_id="w")),
             (channel.unary_unary("/elastic.control.v1.Control/Nothing"), b""),
@@ -295,6 +302,162 @@ def test_bad_requests_and_listener_errors_are_answers_not_crashes(driver: Driver
             stub.Heartbeat(pb.HeartbeatRequest(worker_id="w"), metadata=auth, timeout=5)
         assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "RuntimeError" in (failed.value.details() or "")
+
+
+class Beats:
+    """The request side of a `Heartbeats` call, written by the test: `send` one message,
+    `end` half-closes."""
+
+    def __init__(self) -> None:
+        self._messages: queue.Queue[pb.HeartbeatRequest | None] = queue.Queue()
+
+    def send(self, worker_id: str, epoch: int = 0, commit: int = 0) -> None:
+        self._messages.put(pb.HeartbeatRequest(worker_id=worker_id, epoch=epoch, commit=commit))
+
+    def end(self) -> None:
+        self._messages.put(None)
+
+    def __iter__(self) -> Iterator[pb.HeartbeatRequest]:
+        while (message := self._messages.get()) is not None:
+            yield message
+
+
+def open_heartbeats(channel: grpc.Channel, beats: Beats) -> Any:
+    """A `Heartbeats` call fed by `beats`, once the driver has accepted it."""
+    call = pb_grpc.ControlStub(channel).Heartbeats.future(iter(beats), metadata=AUTH, timeout=30)
+    call.initial_metadata()  # the driver sends its headers on accepting the stream
+    return call
+
+
+def test_a_heartbeat_stream_reports_every_message_until_the_worker_half_closes(
+    driver: Driver,
+) -> None:
+    beats = Beats()
+    with grpc.insecure_channel(driver.server.address) as channel:
+        call = open_heartbeats(channel, beats)
+        for epoch in (1, 2, 3):
+            beats.send("w1", epoch=epoch, commit=10 * epoch)
+            driver.listener.wait_for("heartbeat", "w1", count=epoch)
+        beats.send("w2", epoch=3)  # each message names its worker
+        driver.listener.wait_for("heartbeat", "w2")
+        beats.end()
+        assert call.result(timeout=10) == pb.HeartbeatResponse()
+    heard = [c[2:4] for c in driver.listener.of("heartbeat", "w1")]
+    assert heard == [(1, 10), (2, 20), (3, 30)]
+
+
+def test_a_heartbeat_stream_ends_not_found_once_the_driver_knows_no_such_worker(
+    driver: Driver,
+) -> None:
+    beats = Beats()
+    with grpc.insecure_channel(driver.server.address) as channel:
+        call = open_heartbeats(channel, beats)
+        beats.send("w1", epoch=1)
+        driver.listener.wait_for("heartbeat", "w1")
+        driver.listener.unknown.add("w1")  # declared dead
+        beats.send("w1", epoch=1)
+        with pytest.raises(grpc.RpcError) as ended:
+            call.result(timeout=10)
+        beats.end()
+    assert ended.value.code() == grpc.StatusCode.NOT_FOUND
+    assert len(driver.listener.of("heartbeat", "w1")) == 2
+
+
+@pytest.mark.parametrize(
+    ("worker_id", "listener_fails", "code"),
+    [
+        ("", False, grpc.StatusCode.INVALID_ARGUMENT),
+        ("w" * 999, False, grpc.StatusCode.INVALID_ARGUMENT),
+        ("w1", True, grpc.StatusCode.UNAVAILABLE),  # the worker reopens the stream
+    ],
+)
+def test_a_refused_heartbeat_ends_its_stream_with_the_unary_calls_code(
+    driver: Driver, worker_id: str, listener_fails: bool, code: grpc.StatusCode
+) -> None:
+    beats = Beats()
+    with grpc.insecure_channel(driver.server.address) as channel:
+        call = open_heartbeats(channel, beats)
+        beats.send("w0")  # a good one first: the stream is not refused as a whole
+        driver.listener.wait_for("heartbeat", "w0")
+        driver.listener.fail_heartbeats = listener_fails
+        beats.send(worker_id)
+        with pytest.raises(grpc.RpcError) as ended:
+            call.result(timeout=10)
+        beats.end()
+    assert ended.value.code() == code
+
+
+def test_stopping_the_server_ends_heartbeat_streams_with_ok_at_once(driver: Driver) -> None:
+    beats = Beats()
+    with grpc.insecure_channel(driver.server.address) as channel:
+        call = open_heartbeats(channel, beats)
+        beats.send("w1")
+        driver.listener.wait_for("heartbeat", "w1")
+        # A stream still open when the grace ran out would hold stop() for a minute.
+        driver.run(driver.server.stop(grace=60), timeout=20)
+        assert call.result(timeout=10) == pb.HeartbeatResponse()
+        beats.end()
+
+
+class CancellingDriver(pb_grpc.ControlServicer):
+    """A control service (sync gRPC server on loopback) that answers its first `cancel`
+    Register calls CANCELLED, as gRPC does for a call whose connection it gave up; it accepts
+    the heartbeat and event streams and sends no event."""
+
+    def __init__(self, cancel: int) -> None:
+        self.cancel = cancel
+        self.registrations = 0
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_ControlServicer_to_server(self, self._server)
+        self.address = f"127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
+        self._server.start()
+
+    def Register(self, request: Any, context: Any) -> pb.RegisterResponse:  # noqa: N802
+        self.registrations += 1
+        if self.registrations <= self.cancel:
+            context.abort(grpc.StatusCode.CANCELLED, "the connection was given up")
+        return pb.RegisterResponse(heartbeat_interval=INTERVAL)
+
+    def Heartbeats(self, request_iterator: Any, context: Any) -> pb.HeartbeatResponse:  # noqa: N802
+        context.send_initial_metadata(())
+        for _ in request_iterator:
+            pass
+        return pb.HeartbeatResponse()
+
+    def Events(self, request: Any, context: Any) -> Iterator[pb.Event]:  # noqa: N802
+        context.send_initial_metadata(())
+        while context.is_active():
+            time.sleep(0.05)
+        yield from ()
+
+    def stop(self) -> None:
+        self._server.stop(0)
+
+
+def test_a_cancelled_register_is_retried(clients: list[ControlClient]) -> None:
+    """At 10,000 workers starting at once, Register calls ended CANCELLED and every such
+    worker failed to start; now it tries again, within its retry budget."""
+    cancelling = CancellingDriver(cancel=2)
+    try:
+        client = ControlClient(cancelling.address, TOKEN, "w1", MembershipEvents())
+        clients.append(client)
+        client.start()
+        assert cancelling.registrations == 3
+        assert client.heartbeat_interval == INTERVAL
+    finally:
+        cancelling.stop()
+
+
+def test_cancelled_registers_are_retried_for_the_budget_only(clients: list[ControlClient]) -> None:
+    cancelling = CancellingDriver(cancel=1_000_000)
+    try:
+        client = ControlClient(cancelling.address, TOKEN, "w1", MembershipEvents(), retry_for=0.5)
+        clients.append(client)
+        with pytest.raises(ControlError, match="unreachable for 0.5 s"):
+            client.start()
+        assert cancelling.registrations > 1
+    finally:
+        cancelling.stop()
 
 
 def test_not_found_evicts_the_worker(driver: Driver, clients: list[ControlClient]) -> None:

@@ -11,6 +11,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 
+import anyio
 import httpx
 import pytest
 from fastapi import FastAPI
@@ -348,6 +349,33 @@ def test_a_newer_epoch_supersedes_waits_and_excluded_workers_are_told_to_leave()
             assert answer.json()["status"] == "not_member"
 
     asyncio.run(check())
+
+
+def test_requests_are_served_with_the_thread_pool_exhausted() -> None:
+    """Per-request dependencies run on the event loop: with every thread of the pool taken
+    (as thousands of concurrent joins once took it), a join, a KV call and the status are
+    still answered, and a refused token too."""
+
+    async def check(client: httpx.AsyncClient) -> None:
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        borrowers = [object() for _ in range(int(limiter.total_tokens))]
+        for borrower in borrowers:
+            await limiter.acquire_on_behalf_of(borrower)
+        try:
+            async with asyncio.timeout(10):
+                join = {"worker_id": "w1", "after_epoch": 0, "timeout": 1}
+                answer = await client.post("/v1/rendezvous/join", json=join, headers=AUTH)
+                assert answer.json()["status"] == "formed"
+                kv = {"epoch": 1, "key": "k", "value": b64(b"v")}
+                assert (await client.post("/v1/kv/set", json=kv, headers=AUTH)).status_code == 200
+                assert (await client.get("/v1/status", headers=AUTH)).status_code == 200
+                refused = await client.get("/v1/status", headers={"Authorization": "Bearer x"})
+                assert refused.status_code == 401
+        finally:
+            for borrower in borrowers:
+                limiter.release_on_behalf_of(borrower)
+
+    run(check)
 
 
 def test_status_never_contains_the_token() -> None:

@@ -31,6 +31,8 @@ from elastic.driver.server.tls import TlsIdentity
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
 from elastic.worker import transport
+from elastic.worker.control import ControlClient
+from elastic.worker.membership import MembershipEvents
 from elastic.worker.transport import control_channel, http_client
 from tests.test_control import RecordingListener
 
@@ -200,6 +202,30 @@ def test_grpc_insecure_channel_to_the_tls_port_fails(control_server: ControlServ
     ):
         register(channel, "w3")
     assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_worker_heartbeats_over_tls_on_its_stream(loop: Loop, identity: TlsIdentity) -> None:
+    """The ControlClient's heartbeat stream goes through the pinned TLS channel and carries
+    the token; a heartbeat the driver refuses ends it (NOT_FOUND: the worker is evicted)."""
+    listener = RecordingListener()
+    server = ControlServer(listener, TOKEN, HOST, heartbeat_interval=0.05, tls=identity)
+    loop.run(server.start())
+    evicted = threading.Event()
+    client = ControlClient(
+        server.address, TOKEN, "w1", MembershipEvents(),
+        tls_cert=identity.cert_pem, on_evicted=evicted.set,
+    )  # fmt: skip
+    try:
+        client.start()
+        listener.wait_for("heartbeat", "w1", count=3)
+        client.set_epoch(3)  # carried by the next messages of the same stream
+        listener.wait_for("heartbeat", "w1", count=len(listener.of("heartbeat", "w1")) + 2)
+        assert listener.of("heartbeat", "w1")[-1][2] == 3
+        listener.unknown.add("w1")
+        assert evicted.wait(10)
+    finally:
+        client.close()
+        loop.run(server.stop(0))
 
 
 # --- a user's certificate issued by their own CA, pinned as it is ---

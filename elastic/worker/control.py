@@ -1,6 +1,7 @@
 """The worker's side of the gRPC control protocol: register, heartbeats, the event stream.
 
-Plain threads, no asyncio: one daemon thread sends heartbeats, one consumes the driver's event
+Plain threads, no asyncio: one daemon thread keeps the heartbeat stream open (gRPC's request
+thread writes one message on it every heartbeat interval), one consumes the driver's event
 stream and records what it announces in the process's `MembershipEvents`.
 """
 
@@ -11,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
@@ -24,7 +25,7 @@ from elastic.protocol.leave import EXITING, FINISHED
 from elastic.worker.exit import exit_now
 from elastic.worker.locator import DriverLocator
 from elastic.worker.membership import HostsUpdate, MembershipEvents
-from elastic.worker.retries import bounded_retries
+from elastic.worker.retries import BACKOFF_MAX, Backoff, bounded_retries
 from elastic.worker.transport import control_channel
 
 log = logging.getLogger(__name__)
@@ -35,10 +36,13 @@ Answer = TypeVar("Answer")
 EXIT_EVICTED = 1
 
 # Codes after which a call may succeed if tried again: the driver is away, restarting, or
-# failed transiently. Any other code is an answer.
+# failed transiently. Any other code is an answer. CANCELLED, when this client did not cancel
+# the call itself: gRPC cancels a call whose connection it gave up (a driver too busy to finish
+# handshakes, thousands of workers starting at once), and `_relocate` closes the old channel.
 _RETRYABLE = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.CANCELLED,
         grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         grpc.StatusCode.ABORTED,
@@ -52,17 +56,25 @@ _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
-    # Reconnect to a restarted driver within 2 s (gRPC's default backoff grows to 120 s).
+    # Reconnect to a restarted driver within 2 s (gRPC's default backoff grows to 120 s); gRPC
+    # spreads each wait by +-20 % itself, so workers that lost the driver together disperse.
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2_000),
+    # The least time a connection attempt is given (gRPC's name notwithstanding, not a
+    # backoff; default 20 s): at 100 ms, a driver busy with thousands of workers' handshakes
+    # saw them given up and restarted, again and again. A driver host that vanished is
+    # noticed by keep-alive and by the calls' own deadlines, not by this.
+    ("grpc.min_reconnect_backoff_ms", 5_000),
+    # No bandwidth probing: control messages are tiny, and each probe is a ping the driver
+    # answers.
+    ("grpc.http2.bdp_probe", 0),
     # Control messages are tiny.
     ("grpc.max_receive_message_length", 1024 * 1024),
 ]
 
 CALL_TIMEOUT = 5.0  # seconds one Register or Leave attempt may take
 EXIT_NOTICE_FOR = 2.0  # seconds an exiting worker spends telling the driver, at most
-STREAM_BACKOFF_MAX = 2.0  # seconds between attempts to reopen the event stream, at most
+STREAM_BACKOFF_MAX = BACKOFF_MAX  # seconds between attempts to reopen a stream, at most
 
 
 class ControlError(ElasticError, RuntimeError):
@@ -121,17 +133,20 @@ class _Outage:
 class ControlClient:
     """One worker process's control connection to the driver at `address` ("host:port").
 
-    `start()` registers (retrying for up to `retry_for` seconds), starts the heartbeat and
-    event threads, and returns once the driver has accepted the event stream. While the driver
-    is away (crashed, restarting, partitioned) both threads keep trying forever: heartbeats at
-    the heartbeat interval, the stream with a backoff up to 2 s; the outage is logged once when
-    it starts and once when it ends. When the driver answers NOT_FOUND to a heartbeat or to
-    opening the stream, it has declared this worker dead: the threads stop and `on_evicted()`
-    is called once, from a background thread (default `exit_evicted`: the process exits at
-    once with status 1). `start` and `leave` raise `WorkerEvicted` instead (`on_evicted` is
-    not called for a NOT_FOUND met while `start` runs). A refused token (UNAUTHENTICATED) after
-    `start` is logged and retried like an outage: a restarted driver of the same job accepts
-    it again. Heartbeats carry the epoch last given to `set_epoch` (0 before).
+    `start()` registers (retrying for up to `retry_for` seconds, with a jittered backoff),
+    starts the heartbeat and event threads, and returns once the driver has accepted the event
+    stream. Heartbeats go on a stream of their own (`Heartbeats`), one message every heartbeat
+    interval. While the driver is away (crashed, restarting, partitioned) both threads keep
+    reopening their streams forever, with a jittered backoff up to 2 s; the outage is logged
+    once when it starts and once when it ends (a driver that hangs without closing its
+    connections is noticed by keep-alive, within about 20 s). When the driver answers
+    NOT_FOUND to a heartbeat or to opening the event stream, it has declared this worker dead:
+    the threads stop and `on_evicted()` is called once, from a background thread (default
+    `exit_evicted`: the process exits at once with status 1). `start` and `leave` raise
+    `WorkerEvicted` instead (`on_evicted` is not called for a NOT_FOUND met while `start`
+    runs). A refused token (UNAUTHENTICATED) after `start` is logged and retried like an
+    outage: a restarted driver of the same job accepts it again. Heartbeats carry the epoch
+    last given to `set_epoch` (0 before).
     """
 
     def __init__(
@@ -166,6 +181,7 @@ class ControlClient:
         self._starting = True  # evictions are raised by start(), not given to on_evicted
         self._stream_ready = threading.Event()  # set once a stream is open, or on eviction
         self._stream: Any = None  # the open Events call, cancelled by close()
+        self._heartbeats: Any = None  # the open Heartbeats call, cancelled by close()
         self._threads: list[threading.Thread] = []
 
     @property
@@ -253,9 +269,10 @@ class ControlClient:
         state the driver is in. Idempotent; also runs at interpreter exit."""
         self._stop.set()
         with self._lock:
-            stream = self._stream
-        if stream is not None:
-            stream.cancel()
+            calls = (self._stream, self._heartbeats)
+        for call in calls:
+            if call is not None:
+                call.cancel()
         self._channel.close()
         for thread in self._threads:
             if thread is not threading.current_thread():
@@ -288,7 +305,11 @@ class ControlClient:
         """One unary call with tenacity retries of transient failures for `retry_for` s
         (default: the client's)."""
         budget = self._retry_for if retry_for is None else retry_for
-        retrying = bounded_retries(budget, _retryable, moved=self._relocate)
+
+        def retryable(err: BaseException) -> bool:
+            return _retryable(err) and not self._stop.is_set()  # close() cancels, not gRPC
+
+        retrying = bounded_retries(budget, retryable, moved=self._relocate)
         timeout = min(CALL_TIMEOUT, max(budget, 0.5))  # one attempt fits a short budget
         try:
             for attempt in retrying:
@@ -316,29 +337,46 @@ class ControlClient:
                 return
             self._evicted = True
             starting = self._starting
-            stream = self._stream
+            calls = (self._stream, self._heartbeats)
         log.error("the driver declared worker %s dead", self.worker_id)
         self._stop.set()
-        if stream is not None:
-            stream.cancel()
+        for call in calls:
+            if call is not None:
+                call.cancel()
         self._stream_ready.set()
         if not starting:
             self._on_evicted()
 
     def _send_heartbeats(self) -> None:
-        """Every heartbeat interval until `close()`; failures only log (once per outage)."""
+        """Keep a `Heartbeats` stream open until `close()` or NOT_FOUND, reopening it with a
+        jittered backoff whenever it ends; failures only log (once per outage)."""
         outage = _Outage(f"heartbeats of worker {self.worker_id}")
-        next_beat = time.monotonic()
+        backoff = Backoff()
         while not self._stop.is_set():
-            with self._lock:
-                epoch, commit = self._epoch, self._commit
+            ended = threading.Event()  # the call is over: the request thread stops writing
             try:
-                self._stub.Heartbeat(
-                    pb.HeartbeatRequest(worker_id=self.worker_id, epoch=epoch, commit=commit),
-                    timeout=max(1.0, self._heartbeat_interval),
-                    metadata=self._metadata,
-                )
-                outage.succeeded()
+                call = self._stub.Heartbeats.future(self._beats(ended), metadata=self._metadata)
+            except ValueError:  # the channel was closed: we stop, or moved to a new driver
+                if self._stop.is_set():
+                    return
+                self._stop.wait(backoff.next())
+                continue
+            call.add_done_callback(lambda _, ended=ended: ended.set())
+            with self._lock:
+                self._heartbeats = call
+            if self._stop.is_set():  # close() ran before the call was visible to it
+                call.cancel()
+                return
+            try:
+                call.initial_metadata()  # blocks until the driver accepts or refuses the stream
+                if not call.done():
+                    outage.succeeded()
+                    backoff.reset()
+                call.result()
+                # Ended with OK: the driver is stopping; a new one may come.
+                log.info("the driver closed the heartbeat stream of worker %s", self.worker_id)
+            except grpc.FutureCancelledError:  # close() or an eviction cancelled it
+                return
             except grpc.RpcError as err:
                 if self._stop.is_set():
                     return
@@ -346,19 +384,31 @@ class ControlClient:
                     self._evicted_by_driver()
                     return
                 outage.failed(err)
-                self._relocate()
-            except ValueError:  # the channel was closed: we stop, or moved to a new driver
-                if self._stop.is_set():
-                    return
-                continue
+                if self._relocate():
+                    backoff.reset()  # a new driver: try it at once
+                    continue
+            finally:
+                ended.set()
+                with self._lock:
+                    self._heartbeats = None
+            self._stop.wait(backoff.next())
+
+    def _beats(self, ended: threading.Event) -> Iterator[pb.HeartbeatRequest]:
+        """The messages of one heartbeat stream, one every heartbeat interval (consumed by
+        gRPC's request thread), until `ended` is set or the client stops."""
+        next_beat = time.monotonic()
+        while not (ended.is_set() or self._stop.is_set()):
+            with self._lock:
+                epoch, commit = self._epoch, self._commit
+            yield pb.HeartbeatRequest(worker_id=self.worker_id, epoch=epoch, commit=commit)
             next_beat = max(next_beat + self._heartbeat_interval, time.monotonic())
-            self._stop.wait(next_beat - time.monotonic())
+            ended.wait(next_beat - time.monotonic())
 
     def _read_events(self) -> None:
         """Consume the event stream; reopen it with a backoff whenever it ends, until
         `close()` or NOT_FOUND."""
         outage = _Outage(f"event stream of worker {self.worker_id}")
-        backoff = 0.05
+        backoff = Backoff()
         while not self._stop.is_set():
             try:
                 call = self._stub.Events(
@@ -367,7 +417,7 @@ class ControlClient:
             except ValueError:  # the channel was closed: we stop, or moved to a new driver
                 if self._stop.is_set():
                     return
-                self._stop.wait(backoff)
+                self._stop.wait(backoff.next())
                 continue
             with self._lock:
                 self._stream = call
@@ -378,7 +428,7 @@ class ControlClient:
                 call.initial_metadata()  # blocks until the driver accepts or refuses the stream
                 if not call.done():
                     outage.succeeded()
-                    backoff = 0.05
+                    backoff.reset()
                     self._stream_ready.set()
                 for event in call:
                     self._deliver(event)
@@ -392,13 +442,12 @@ class ControlClient:
                     return
                 outage.failed(err)
                 if self._relocate():
-                    backoff = 0.05  # a new driver: try it at once
+                    backoff.reset()  # a new driver: try it at once
                     continue
             finally:
                 with self._lock:
                     self._stream = None
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, STREAM_BACKOFF_MAX)
+            self._stop.wait(backoff.next())
 
     def _deliver(self, event: pb.Event) -> None:
         kind = event.WhichOneof("kind")

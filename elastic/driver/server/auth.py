@@ -25,8 +25,15 @@ UNAUTHORIZED = "missing or wrong job token"
 MAX_LOGGED_PEERS = 1024  # distinct refused peers remembered; later ones are not logged
 
 
-def services(request: Request) -> Services:
+def _services_of(request: Request) -> Services:
     return request.app.state.services
+
+
+async def services(request: Request) -> Services:
+    """The driver's services for a route. `async def` like every per-request dependency
+    here: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request
+    (and a wait for a free thread, 40 at most, under thousands of joins) for a dict lookup."""
+    return _services_of(request)
 
 
 ServicesDep = Annotated[Services, Depends(services)]
@@ -50,13 +57,14 @@ def note_refusal(refused: set[str], peer: str) -> None:
         log.warning("refused an unauthenticated HTTP request from %s", peer)
 
 
-def require_token(request: Request) -> None:
+async def require_token(request: Request) -> None:
     """Raise 401 unless the request carries `Authorization: Bearer <job token>`.
 
-    The comparison takes constant time; a refused peer is logged once.
+    The comparison takes constant time; a refused peer is logged once. Runs on the event
+    loop (no thread pool): it only reads a header and compares.
     """
     given = request.headers.get("authorization", "").encode("latin-1")
-    if token_matches(given, services(request).token):
+    if token_matches(given, _services_of(request).token):
         return
     note_refusal(
         request.app.state.refused_peers, request.client.host if request.client else "unknown"

@@ -47,10 +47,9 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_large = refusal(413, f"request body exceeds {self.max_bytes} bytes")
         declared = _declared_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await too_large(scope, receive, send)
+            await self._too_large(scope, receive, send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -61,12 +60,18 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await too_large(scope, receive, send)
+                await self._too_large(scope, receive, send)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
         await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer 413 (built only for a refused request: JSON and headers cost every request
+        they are built for)."""
+        answer = refusal(413, f"request body exceeds {self.max_bytes} bytes")
+        await answer(scope, receive, send)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
