@@ -181,6 +181,27 @@ def test_discovery_removes_a_host_and_the_job_shrinks_without_rollback(
     assert assert_exactly_once(tmp_path)["size"] == 2
 
 
+def test_a_host_offering_fewer_slots_loses_the_workers_beyond_them_without_rollback(
+    elasticrun, tmp_path: Path
+) -> None:
+    hosts = tmp_path / "hosts"
+    write_hosts(hosts, "localhost:3\n")
+    go = tmp_path / "go"
+    job = elasticrun(
+        ["--min-np", "1", *discovery_args(),
+         *job_args(tmp_path, "--hold-at-step", "8", "--hold-file", str(go))],
+        env={"ELASTIC_HOSTS_FILE": str(hosts)},
+    )  # fmt: skip
+    job.wait_for(r"step 4 ")
+    write_hosts(hosts, "localhost:1\n")
+    job.wait_for(r"leaves the job: host localhost now offers 1 slot\(s\)", timeout=30)
+    go.touch()
+    job.wait_for(r"step \d+ epoch \d+ size 1", timeout=30)
+    assert job.finish(90) == 0, job.output
+    assert "restoring the last commit" not in job.output
+    assert assert_exactly_once(tmp_path)["size"] == 1
+
+
 @pytest.mark.parametrize(
     ("script", "message"),
     [

@@ -23,6 +23,7 @@ from elastic.driver.policy.rounds import (
     fill_slots,
     fleet_lost,
     hosts_removed,
+    hosts_resized,
     job_end,
     joiner_waiting,
     next_round,
@@ -257,6 +258,21 @@ def test_workers_on_a_removed_host_leave_and_those_in_cooldown_stay() -> None:
         AskToLeave("j", "host b was removed by discovery"),
     )
     assert decision.reason == "host(s) b removed by discovery"
+
+
+def test_workers_beyond_a_shrunk_hosts_slots_leave_and_the_others_stay() -> None:
+    workers = (
+        worker("a0", M, host="a"), worker("a1", M, host="a", slot=1),
+        worker("a2", L, host="a", slot=2), worker("a3", F, host="a", slot=3),
+        worker("b3", M, host="b", slot=3),
+    )  # fmt: skip
+    decision = hosts_resized(view(*workers), {"a": 1, "b": 8})
+    assert decision.actions == (
+        AskToLeave("a1", "host a now offers 1 slot(s)"),
+        AskToLeave("a2", "host a now offers 1 slot(s)"),
+    )
+    assert decision.reason == "host(s) offer fewer slots: a:1"
+    assert hosts_resized(view(*workers), {"b": 4}).actions == ()
 
 
 def test_reasons_for_one_round_are_said_once_each_and_counted_past_three() -> None:

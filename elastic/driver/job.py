@@ -251,6 +251,9 @@ class Job:
         elif isinstance(report, HostsChanged):
             discovered = {h.hostname for h in self._watcher.tracker.discovered_hosts}
             self._apply(policy.hosts_removed(self._view(), report.change.removed, discovered))
+            resized = {h.hostname: h.slots for h in report.change.hosts}
+            slots = {name: resized[name] for name in report.change.resized}
+            self._apply(policy.hosts_resized(self._view(), slots))
             if report.change.added:
                 log.info("hosts available: %s", ", ".join(report.change.added))
             self._scale()

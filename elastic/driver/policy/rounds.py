@@ -345,6 +345,23 @@ def hosts_removed(view: JobView, removed: Sequence[str], discovered: Set[str]) -
     return Decision(actions, f"host(s) {gone} removed by discovery")
 
 
+def hosts_resized(view: JobView, slots: Mapping[str, int]) -> Decision:
+    """A host that now offers fewer slots (`slots`: its new count) keeps the workers of its
+    first slots; those on slots beyond the count leave the job (no rollback, no cooldown).
+    More slots are filled as any free slots are (`fill_slots`)."""
+    actions = tuple(
+        AskToLeave(worker.worker_id, f"host {worker.hostname} now offers {count} slot(s)")
+        for hostname, count in slots.items()
+        for worker in view.workers.values()
+        if worker.hostname == hostname and worker.state.alive and worker.host_slot >= count
+    )
+    if not actions:
+        return NOTHING
+    leaving = {view.workers[a.worker_id].hostname for a in actions}
+    shrunk = ", ".join(f"{h}:{n}" for h, n in slots.items() if h in leaving)
+    return Decision(actions, f"host(s) offer fewer slots: {shrunk}")
+
+
 REASONS_SHOWN = 3  # a round wanted for more reasons names this many and counts the rest
 
 
