@@ -160,11 +160,19 @@ def test_discovery_adds_a_host_and_the_job_grows(elasticrun, tmp_path: Path) -> 
     assert assert_exactly_once(tmp_path)["size"] == 3
 
 
-def test_discovery_removes_a_host_and_the_job_shrinks_without_rollback(
-    elasticrun, tmp_path: Path
+@pytest.mark.parametrize(
+    ("before", "after", "said", "size"),
+    [
+        ("localhost:2\n127.0.0.1:1\n", "localhost:2\n", r"host 127.0.0.1 was removed", 2),
+        ("localhost:3\n", "localhost:1\n", r"leaves the job: host localhost now offers 1 slot", 1),
+    ],
+    ids=["host-removed", "host-offers-fewer-slots"],
+)
+def test_discovery_takes_slots_away_and_the_job_shrinks_without_rollback(
+    elasticrun, tmp_path: Path, before: str, after: str, said: str, size: int
 ) -> None:
     hosts = tmp_path / "hosts"
-    write_hosts(hosts, "localhost:2\n127.0.0.1:1\n")
+    write_hosts(hosts, before)
     go = tmp_path / "go"
     job = elasticrun(
         ["--min-np", "1", *discovery_args(),
@@ -172,34 +180,13 @@ def test_discovery_removes_a_host_and_the_job_shrinks_without_rollback(
         env={"ELASTIC_HOSTS_FILE": str(hosts)},
     )  # fmt: skip
     job.wait_for(r"step 4 ")
-    write_hosts(hosts, "localhost:2\n")
-    job.wait_for(r"host 127.0.0.1 was removed by discovery", timeout=30)
+    write_hosts(hosts, after)
+    job.wait_for(said, timeout=30)
     go.touch()
-    job.wait_for(r"step \d+ epoch \d+ size 2", timeout=30)
+    job.wait_for(rf"step \d+ epoch \d+ size {size}\b", timeout=30)
     assert job.finish(90) == 0, job.output
     assert "restoring the last commit" not in job.output
-    assert assert_exactly_once(tmp_path)["size"] == 2
-
-
-def test_a_host_offering_fewer_slots_loses_the_workers_beyond_them_without_rollback(
-    elasticrun, tmp_path: Path
-) -> None:
-    hosts = tmp_path / "hosts"
-    write_hosts(hosts, "localhost:3\n")
-    go = tmp_path / "go"
-    job = elasticrun(
-        ["--min-np", "1", *discovery_args(),
-         *job_args(tmp_path, "--hold-at-step", "8", "--hold-file", str(go))],
-        env={"ELASTIC_HOSTS_FILE": str(hosts)},
-    )  # fmt: skip
-    job.wait_for(r"step 4 ")
-    write_hosts(hosts, "localhost:1\n")
-    job.wait_for(r"leaves the job: host localhost now offers 1 slot\(s\)", timeout=30)
-    go.touch()
-    job.wait_for(r"step \d+ epoch \d+ size 1", timeout=30)
-    assert job.finish(90) == 0, job.output
-    assert "restoring the last commit" not in job.output
-    assert assert_exactly_once(tmp_path)["size"] == 1
+    assert assert_exactly_once(tmp_path)["size"] == size
 
 
 @pytest.mark.parametrize(
