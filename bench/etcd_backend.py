@@ -191,7 +191,7 @@ async def run_trial(
         if not run.done():
             return None
         code = run.exception() or run.result()
-        return f"the job ended ({code}): {job._end_message}"
+        return f"the job ended ({code}): {job.end_message}"
 
     try:
         ids: list[str] = []
@@ -225,8 +225,9 @@ async def run_trial(
         record["error"] = f"{type(err).__name__}: {err}"
         record["formed_epoch_1"] = sum(1 for e, _ in clients.formed.values() if e >= 1)
         record["launches"] = len(launcher.processes)
-        record["workers_failed"] = sum(w.state.value == "failed" for w in job._workers.values())
-        record["epoch_reached"] = job._rendezvous.epoch
+        status = job.status()
+        record["workers_failed"] = sum(w.state == "failed" for w in status.workers)
+        record["epoch_reached"] = status.epoch
     finally:
         job.request_stop(signal.SIGTERM)
         try:
