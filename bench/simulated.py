@@ -201,12 +201,13 @@ class SimWorker:
 
     async def _run(self) -> None:
         from elastic.protocol import control_pb2 as pb
+        from elastic.worker.control import CALL_TIMEOUT
 
         await asyncio.sleep(self._delay)
         answer = await self._call(
             self._stub.Register,
             pb.RegisterRequest(worker_id=self.worker_id, pid=os.getpid()),
-            timeout=5.0,  # `elastic.worker.control.CALL_TIMEOUT`
+            timeout=CALL_TIMEOUT,
         )
         self._interval = answer.heartbeat_interval or 1.0
         self._spawn(self._heartbeats())
