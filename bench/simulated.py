@@ -629,6 +629,10 @@ class FakeLauncher:
         self.first_launch: float | None = None
 
     async def launch(self, spec: Any) -> Any:
+        # A real launch awaits a process spawn (or an ssh session), which lets the event loop
+        # run between launches; without this, the driver launched 10,000 workers in one step
+        # of its loop, ~10 s in which it served none of the workers already started.
+        await asyncio.sleep(0)
         now = time.monotonic()
         if self.first_launch is None:
             self.first_launch = now
