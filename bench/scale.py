@@ -162,9 +162,21 @@ async def serve_driver(args: argparse.Namespace, protocol: IO[str]) -> None:
     """Run one job; the launcher's commands and the answers go to `protocol` as JSON lines,
     the benchmark's commands come on stdin (`exit`, `status`, `stop`)."""
 
-    def emit(doc: dict[str, Any]) -> None:
-        protocol.write(json.dumps(doc) + "\n")
+    flush_due = False
+
+    def flush() -> None:
+        nonlocal flush_due
+        flush_due = False
         protocol.flush()
+
+    def emit(doc: dict[str, Any]) -> None:
+        """Write `doc`; flushed once per turn of the event loop (one write for a burst of
+        launches, not one system call each)."""
+        nonlocal flush_due
+        protocol.write(json.dumps(doc) + "\n")
+        if not flush_due:
+            flush_due = True
+            asyncio.get_running_loop().call_soon(flush)
 
     n, backend, heartbeat, slots_per_host, etcd = args.driver
     launcher = FakeLauncher(emit, os.getpid())
@@ -202,6 +214,7 @@ async def serve_driver(args: argparse.Namespace, protocol: IO[str]) -> None:
     code = await job.run()
     listening.cancel()
     emit({"ev": "ended", "code": code})
+    protocol.flush()  # the loop ends with this coroutine: no later turn flushes it
 
 
 def driver_main(args: argparse.Namespace) -> None:

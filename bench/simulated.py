@@ -201,12 +201,13 @@ class SimWorker:
 
     async def _run(self) -> None:
         from elastic.protocol import control_pb2 as pb
+        from elastic.worker.control import CALL_TIMEOUT
 
         await asyncio.sleep(self._delay)
         answer = await self._call(
             self._stub.Register,
             pb.RegisterRequest(worker_id=self.worker_id, pid=os.getpid()),
-            timeout=5.0,  # `elastic.worker.control.CALL_TIMEOUT`
+            timeout=CALL_TIMEOUT,
         )
         self._interval = answer.heartbeat_interval or 1.0
         self._spawn(self._heartbeats())
@@ -628,6 +629,10 @@ class FakeLauncher:
         self.first_launch: float | None = None
 
     async def launch(self, spec: Any) -> Any:
+        # A real launch awaits a process spawn (or an ssh session), which lets the event loop
+        # run between launches; without this, the driver launched 10,000 workers in one step
+        # of its loop, ~10 s in which it served none of the workers already started.
+        await asyncio.sleep(0)
         now = time.monotonic()
         if self.first_launch is None:
             self.first_launch = now

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -42,6 +43,8 @@ class RecordingListener:
         self.unknown: set[str] = set()
         self.refused_streams: set[str] = set()
         self.fail_heartbeats = False
+        self.stall_once = 0.0  # seconds the next registration blocks the event loop
+        self.stalled = threading.Event()  # set as that stall begins
         self._changed = threading.Condition()
 
     def _record(self, *call: Any) -> None:
@@ -50,6 +53,10 @@ class RecordingListener:
             self._changed.notify_all()
 
     def registered(self, worker_id: str, pid: int) -> bool:
+        stall, self.stall_once = self.stall_once, 0.0
+        if stall:
+            self.stalled.set()
+            time.sleep(stall)  # a driver too busy to take calls for a while
         self._record("registered", worker_id, pid)
         return worker_id not in self.unknown
 
@@ -458,6 +465,46 @@ def test_cancelled_registers_are_retried_for_the_budget_only(clients: list[Contr
         assert cancelling.registrations > 1
     finally:
         cancelling.stop()
+
+
+def test_thousands_of_calls_arriving_while_the_driver_is_busy_are_all_served(
+    driver: Driver,
+) -> None:
+    """Calls that arrive while the event loop is busy wait in gRPC's queue. With gRPC's
+    default limits (1,000, then 3,000 waiting) it refused them, as CANCELLED: thousands of
+    workers starting at once registered again and again."""
+    calls, channels = 3_500, 35
+
+    async def register_all() -> Counter[str]:
+        from grpc import aio
+
+        opened = [aio.insecure_channel(driver.server.address) for _ in range(channels)]
+        stubs = [pb_grpc.ControlStub(channel) for channel in opened]
+        await stubs[0].Register(pb.RegisterRequest(worker_id="w", pid=1), metadata=AUTH)
+        driver.listener.stall_once = 2.0
+        stalling = asyncio.ensure_future(
+            stubs[0].Register(pb.RegisterRequest(worker_id="stall", pid=1), metadata=AUTH)
+        )
+        while not driver.listener.stalled.is_set():  # from now on, calls queue in gRPC
+            await asyncio.sleep(0.01)
+
+        async def one(index: int) -> str:
+            stub = stubs[index % channels]
+            request = pb.RegisterRequest(worker_id=f"w{index}", pid=1)
+            try:
+                await stub.Register(request, metadata=AUTH, timeout=60)
+            except aio.AioRpcError as err:
+                return err.code().name
+            return "OK"
+
+        codes = Counter(await asyncio.gather(*(one(i) for i in range(calls))))
+        await stalling
+        for channel in opened:
+            await channel.close()
+        return codes
+
+    codes = asyncio.run(register_all())
+    assert codes == Counter({"OK": calls})
 
 
 def test_not_found_evicts_the_worker(driver: Driver, clients: list[ControlClient]) -> None:

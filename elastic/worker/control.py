@@ -72,7 +72,10 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 1024 * 1024),
 ]
 
-CALL_TIMEOUT = 5.0  # seconds one Register or Leave attempt may take
+# Seconds one Register or Leave attempt may take. Long enough for a driver that thousands of
+# workers call at once to answer (10,000 Register calls at once: 7.3 s on a 2-core machine);
+# an attempt that times out is queued again behind all the others.
+CALL_TIMEOUT = 15.0
 EXIT_NOTICE_FOR = 2.0  # seconds an exiting worker spends telling the driver, at most
 STREAM_BACKOFF_MAX = BACKOFF_MAX  # seconds between attempts to reopen a stream, at most
 

@@ -45,6 +45,14 @@ _SERVER_OPTIONS = [
     # heartbeat cost the driver a third more CPU (1,000 streams, one message a second each:
     # 155 us a message without, 235 us with).
     ("grpc.http2.bdp_probe", 0),
+    # Calls that arrived while the event loop was busy wait in gRPC's queue until the service
+    # takes them. Past 1,000 waiting gRPC began to refuse new ones, as CANCELLED, and past 3,000
+    # all of them: thousands of workers starting at once registered again and again (10,000
+    # Register calls at once on this 2-core machine: 16.5 s and ~35,000 CANCELLED; with room
+    # for them, 7.3 s and none). Client deadlines and gRPC's 30 s limit on a call's wait still
+    # bound how long one waits.
+    ("grpc.server.max_pending_requests", 32_768),
+    ("grpc.server.max_pending_requests_hard_limit", 65_536),
 ]
 
 
