@@ -5,9 +5,13 @@ do, with the worker's own timeouts, retries and gRPC channel options: gRPC `Regi
 as `authorization: Bearer ...`), the `Events` stream (opened, and accepted by the driver, before
 joining; reopened with a backoff when it ends), the `Heartbeats` stream (one message every
 heartbeat interval: the epoch it is in, commit 0; reopened with a backoff when it ends), and
+round 1 from its launch (`first_round`: its slot was in its environment) or
 `POST /v1/rendezvous/join` until `formed`. On `EpochBroken` of
 its epoch or `HostsUpdated` to a newer one it joins again with `after_epoch` = its epoch at
-once (a real worker does so at its next collective or commit). No process group, no torch.
+once (a real worker does so at its next collective or commit): it takes the slot a
+`HostsUpdated` carried, waiting up to `OFFER_WAIT` for one after `EpochBroken`, as
+`elastic.worker.runtime` does, and joins over HTTP only without one. No process group, no
+torch.
 
 Many simulated workers share one asyncio process (`python -m bench.simulated`), each with its
 own gRPC channel (no shared subchannel) and its own keep-alive HTTP connection, as separate
@@ -182,6 +186,9 @@ class SimWorker:
         self.epoch = 0
         self._broken = 0  # newest EpochBroken epoch seen
         self._update = 0  # newest HostsUpdated next_epoch seen
+        self._offer = 0  # newest epoch a HostsUpdated gave this worker a slot in
+        self._offered = asyncio.Event()
+        self._first_round: bool = spec.get("first_round", False)
         self._told_at: float | None = None  # when the current epoch was first announced over
         self._wake = asyncio.Event()
         self._stream_ready = asyncio.Event()
@@ -214,7 +221,7 @@ class SimWorker:
         self._spawn(self._events())
         async with asyncio.timeout(RETRY_FOR_S):
             await self._stream_ready.wait()  # the driver accepted it: no event is missed
-        while await self._join():
+        while await self._enter():
             while not self._epoch_over():
                 self._wake.clear()
                 await self._wake.wait()
@@ -270,6 +277,30 @@ class SimWorker:
                 self._retrying(f"{name} {code.name}")
                 await backoff.wait(err)
 
+    async def _enter(self) -> bool:
+        """Enter the first round after `self.epoch` as the worker does: from its launch
+        environment (round 1), from an offered slot, else by `_join`."""
+        from elastic.worker.membership import OFFER_WAIT
+
+        if self.epoch == 0 and self._first_round:
+            return self._formed(1)
+        if self._offer <= self.epoch and self.epoch and self._broken >= self.epoch:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(OFFER_WAIT):
+                    while self._offer <= self.epoch:
+                        self._offered.clear()
+                        await self._offered.wait()
+        if self._offer > self.epoch:
+            return self._formed(self._offer)
+        return await self._join()
+
+    def _formed(self, epoch: int) -> bool:
+        self.epoch = epoch
+        now = time.monotonic()
+        self._report({"ev": "formed", "id": self.worker_id, "epoch": self.epoch, "t": now})
+        self._told_at = now if self._epoch_over() else None
+        return True
+
     async def _join(self) -> bool:
         """Join the first round after `self.epoch`; False when told to leave the job."""
         body = {
@@ -295,11 +326,7 @@ class SimWorker:
                 raise RuntimeError(f"join refused: {status} {content[:200]!r}")
             answer = json.loads(content)
             if answer["status"] == "formed":
-                self.epoch = answer["epoch"]
-                now = time.monotonic()
-                self._report({"ev": "formed", "id": self.worker_id, "epoch": self.epoch, "t": now})
-                self._told_at = now if self._epoch_over() else None
-                return True
+                return self._formed(answer["epoch"])
             if answer["status"] == "not_member":
                 return False
             backoff = Backoff()  # pending: poll again
@@ -373,6 +400,9 @@ class SimWorker:
             self._broken = max(self._broken, event.epoch_broken.epoch)
         elif kind == "hosts_updated":
             self._update = max(self._update, event.hosts_updated.next_epoch)
+            if event.hosts_updated.HasField("slot"):
+                self._offer = max(self._offer, event.hosts_updated.next_epoch)
+                self._offered.set()
         if self._told_at is None and self.epoch and self._epoch_over():
             self._told_at = time.monotonic()
         self._wake.set()
@@ -649,6 +679,7 @@ class FakeLauncher:
                 "driver_url": env[self._env.DRIVER_URL],
                 "control_address": env[self._env.CONTROL_ADDRESS],
                 "token": env[self._env.TOKEN],
+                "first_round": self._env.RANK in env,
                 "t": now,
             }
         )

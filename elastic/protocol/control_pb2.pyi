@@ -63,16 +63,38 @@ class Event(_message.Message):
     def __init__(self, hosts_updated: _Optional[_Union[HostsUpdated, _Mapping]] = ..., epoch_broken: _Optional[_Union[EpochBroken, _Mapping]] = ...) -> None: ...
 
 class HostsUpdated(_message.Message):
-    __slots__ = ("version", "added", "removed", "next_epoch")
+    __slots__ = ("version", "added", "removed", "next_epoch", "slot", "job_commit")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ADDED_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
     NEXT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    JOB_COMMIT_FIELD_NUMBER: _ClassVar[int]
     version: int
     added: _containers.RepeatedScalarFieldContainer[str]
     removed: _containers.RepeatedScalarFieldContainer[str]
     next_epoch: int
-    def __init__(self, version: _Optional[int] = ..., added: _Optional[_Iterable[str]] = ..., removed: _Optional[_Iterable[str]] = ..., next_epoch: _Optional[int] = ...) -> None: ...
+    slot: Slot
+    job_commit: int
+    def __init__(self, version: _Optional[int] = ..., added: _Optional[_Iterable[str]] = ..., removed: _Optional[_Iterable[str]] = ..., next_epoch: _Optional[int] = ..., slot: _Optional[_Union[Slot, _Mapping]] = ..., job_commit: _Optional[int] = ...) -> None: ...
+
+class Slot(_message.Message):
+    __slots__ = ("hostname", "rank", "local_rank", "cross_rank", "size", "local_size", "cross_size")
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    CROSS_RANK_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CROSS_SIZE_FIELD_NUMBER: _ClassVar[int]
+    hostname: str
+    rank: int
+    local_rank: int
+    cross_rank: int
+    size: int
+    local_size: int
+    cross_size: int
+    def __init__(self, hostname: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., cross_rank: _Optional[int] = ..., size: _Optional[int] = ..., local_size: _Optional[int] = ..., cross_size: _Optional[int] = ...) -> None: ...
 
 class EpochBroken(_message.Message):
     __slots__ = ("epoch", "reason")

@@ -82,7 +82,7 @@ class WorkerEnvironment:
     tls_cert: bytes | None = None  # the driver's certificate (PEM), pinned (TLS)
     etcd: EtcdOptions | None = None  # where a restarted driver publishes its address
     driver_wait: float = 300.0  # seconds to keep trying to reach a restarted driver (etcd)
-    slot: SlotInfo | None = None  # the worker's slot, when its first epoch formed before launch
+    slot: SlotInfo | None = None  # its slot in epoch 1, when that formed before its launch
 
     def to_env(self) -> dict[str, str]:
         """The variables that describe this environment; a None or empty option sets none."""

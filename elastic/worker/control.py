@@ -21,10 +21,11 @@ from elastic.errors import ElasticError
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
 from elastic.protocol.env import AUTH_SCHEME
+from elastic.protocol.http import SlotInfo
 from elastic.protocol.leave import EXITING, FINISHED
 from elastic.worker.exit import exit_now
 from elastic.worker.locator import DriverLocator
-from elastic.worker.membership import HostsUpdate, MembershipEvents
+from elastic.worker.membership import HostsUpdate, MembershipEvents, Offer
 from elastic.worker.retries import BACKOFF_MAX, Backoff, bounded_retries
 from elastic.worker.transport import control_channel
 
@@ -456,6 +457,23 @@ class ControlClient:
         kind = event.WhichOneof("kind")
         if kind == "hosts_updated":
             update = event.hosts_updated
+            if update.HasField("slot"):  # before the update: whoever acts on it finds the slot
+                slot = update.slot
+                self._events.offer(
+                    Offer(
+                        update.next_epoch,
+                        SlotInfo(
+                            hostname=slot.hostname,
+                            rank=slot.rank,
+                            local_rank=slot.local_rank,
+                            cross_rank=slot.cross_rank,
+                            size=slot.size,
+                            local_size=slot.local_size,
+                            cross_size=slot.cross_size,
+                        ),
+                        update.job_commit,
+                    )
+                )
             self._events.hosts_updated(
                 HostsUpdate(
                     update.next_epoch, added=bool(update.added), removed=bool(update.removed)

@@ -1,4 +1,5 @@
-"""What the driver has announced to this worker: newer epochs, broken epochs, a leave request.
+"""What the driver has announced to this worker: newer epochs (with its slot in them), broken
+epochs, a leave request.
 
 The control-stream listener thread writes it; collectives (waiting in slices) and
 `State.commit()` / `check_host_updates()` read it. Thread-safe. One instance lives for the
@@ -9,6 +10,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+
+from elastic.protocol.http import SlotInfo
+
+# Seconds a member re-joining after its epoch broke waits for the driver to send its slot in
+# the next one (the driver forms it within a fraction of a second of seeing the death) before
+# it asks over HTTP: thousands of survivors' HTTP joins are most of a re-form's cost.
+OFFER_WAIT = 0.5
 
 
 @dataclass(frozen=True)
@@ -21,9 +29,23 @@ class HostsUpdate:
     removed: bool
 
 
+@dataclass(frozen=True)
+class Offer:
+    """The driver's word that this worker is a member of `epoch`, in `slot`, the job's newest
+    commit count being `job_commit`: what joining `epoch` over HTTP would answer. It may be
+    stale (a newer epoch formed since): forming the group then fails as a joined stale
+    epoch's does (`EpochSuperseded`, or the epoch is broken)."""
+
+    epoch: int
+    slot: SlotInfo
+    job_commit: int = 0
+
+
 class MembershipEvents:
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._offered = threading.Condition(self._lock)
+        self._offer: Offer | None = None
         self._update: HostsUpdate | None = None
         self._broken_up_to = 0
         self._broken_reason = ""
@@ -39,6 +61,23 @@ class MembershipEvents:
                     update.added or bool(previous and previous.added),
                     update.removed or bool(previous and previous.removed),
                 )
+
+    def offer(self, offer: Offer) -> None:
+        """Record the driver's offer of a slot (keeps the newest epoch's)."""
+        with self._lock:
+            if self._offer is None or offer.epoch > self._offer.epoch:
+                self._offer = offer
+                self._offered.notify_all()
+
+    def offer_after(self, epoch: int, wait: float = 0.0) -> Offer | None:
+        """The newest offer of an epoch newer than `epoch`, waiting up to `wait` seconds for
+        one to arrive; None if there is none by then."""
+        with self._lock:
+            self._offered.wait_for(
+                lambda: self._offer is not None and self._offer.epoch > epoch, timeout=wait
+            )
+            offer = self._offer
+        return offer if offer is not None and offer.epoch > epoch else None
 
     def pending_update(self, epoch: int) -> HostsUpdate | None:
         """The announced update that moves a worker now in `epoch` to a newer one, if any."""

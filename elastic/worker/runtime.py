@@ -18,7 +18,7 @@ from elastic.worker.config import WorkerConfig
 from elastic.worker.control import ControlClient, ControlError
 from elastic.worker.errors import WorkerLostError
 from elastic.worker.locator import DriverLocator
-from elastic.worker.membership import MembershipEvents
+from elastic.worker.membership import OFFER_WAIT, MembershipEvents, Offer
 from elastic.worker.process_group import abandon_group, create_group, device_for
 from elastic.worker.store import DriverStore
 
@@ -67,6 +67,8 @@ def init() -> None:
     if config.elastic:
         _leave_on_sigterm(events, control)
         _warm_up()
+    if config.slot is not None:  # one of the job's first workers: round 1 formed before launch
+        events.offer(Offer(1, config.slot))
     try:
         _enter_next_epoch(config, client, control, events, 0, config.start_timeout)
     except NotMemberError:
@@ -140,11 +142,19 @@ def _enter_next_epoch(
     and form its process group.
 
     A newer epoch forming while the group forms (a peer died meanwhile) makes it join again.
+    The slot the driver sent on the event stream (`MembershipEvents.offer_after`), if any,
+    is taken without asking; after a broken epoch it is awaited for up to `OFFER_WAIT` s,
+    and only then is the epoch joined over HTTP.
     """
     timeout = timedelta(seconds=config.collective_timeout)
     while True:
-        answer = client.join(config.worker_id, after_epoch, join_timeout, control.commit)
-        epoch, slot = answer.epoch, answer.slot
+        wait = OFFER_WAIT if after_epoch and events.broken(after_epoch) is not None else 0.0
+        offer = events.offer_after(after_epoch, wait)
+        if offer is not None:
+            epoch, slot, job_commit = offer.epoch, offer.slot, offer.job_commit
+        else:
+            answer = client.join(config.worker_id, after_epoch, join_timeout, control.commit)
+            epoch, slot, job_commit = answer.epoch, answer.slot, answer.job_commit
         assert slot is not None
         control.set_epoch(epoch)
         store = DriverStore(client, epoch, timeout)
@@ -166,7 +176,7 @@ def _enter_next_epoch(
                 client=client,
                 control=control,
                 on_commit=control.set_commit,
-                job_commit=answer.job_commit,
+                job_commit=job_commit,
             )
         )
         return

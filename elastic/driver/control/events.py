@@ -4,8 +4,11 @@ the driver when workers call it."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
+
+from elastic.protocol.http import SlotInfo
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,11 @@ class EpochBroken:
 
 
 ControlEvent = HostsUpdated | EpochBroken
+
+Placement = Callable[[str, int], Awaitable[tuple[SlotInfo, int] | None]]
+"""`placement(worker_id, epoch)`: the worker's slot in `epoch` and the job's newest commit
+count, as an HTTP join of that epoch would answer them (once the epoch is saved), or None
+when `epoch` is no longer the newest or the worker is no member of it."""
 
 
 class WorkerListener(Protocol):

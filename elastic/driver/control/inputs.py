@@ -52,6 +52,9 @@ class WorkerInputs:
         if worker is None:
             return False
         worker.last_heartbeat = self._clock()
+        if epoch and not worker.joined:
+            # In a round without an HTTP join: its slot came with its launch or on its stream.
+            worker.joined = True
         if commit != worker.commit or epoch > self._current_round():
             self._reports.put_nowait(Heard(worker_id, epoch, commit))
         return True

@@ -17,11 +17,18 @@ from typing import Any, NoReturn
 import grpc
 from grpc import aio
 
-from elastic.driver.control.events import ControlEvent, EpochBroken, HostsUpdated, WorkerListener
+from elastic.driver.control.events import (
+    ControlEvent,
+    EpochBroken,
+    HostsUpdated,
+    Placement,
+    WorkerListener,
+)
 from elastic.driver.server.tls import TlsIdentity
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
 from elastic.protocol.env import AUTH_SCHEME
+from elastic.protocol.http import SlotInfo
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +63,20 @@ _SERVER_OPTIONS = [
 ]
 
 
-def event_to_proto(event: ControlEvent) -> pb.Event:
-    """The wire form of a driver event."""
+def event_to_proto(event: ControlEvent, placed: tuple[SlotInfo, int] | None = None) -> pb.Event:
+    """The wire form of a driver event; `placed`: with a `HostsUpdated`, the worker's slot in
+    its `next_epoch` and the job's newest commit count."""
     if isinstance(event, HostsUpdated):
-        return pb.Event(
-            hosts_updated=pb.HostsUpdated(
-                version=event.version,
-                next_epoch=event.next_epoch,
-                added=list(event.added),
-                removed=list(event.removed),
-            )
+        update = pb.HostsUpdated(
+            version=event.version,
+            next_epoch=event.next_epoch,
+            added=list(event.added),
+            removed=list(event.removed),
         )
+        if placed is not None:
+            slot, update.job_commit = placed
+            update.slot.CopyFrom(pb.Slot(**slot.model_dump()))
+        return pb.Event(hosts_updated=update)
     if isinstance(event, EpochBroken):
         return pb.Event(epoch_broken=pb.EpochBroken(epoch=event.epoch, reason=event.reason))
     raise TypeError(f"not a control event: {event!r}")
@@ -154,9 +164,14 @@ def _refusal(
 
 class _ControlService(pb_grpc.ControlServicer):
     def __init__(
-        self, listener: WorkerListener, heartbeat_interval: float, stopping: asyncio.Event
+        self,
+        listener: WorkerListener,
+        heartbeat_interval: float,
+        stopping: asyncio.Event,
+        placement: Placement | None,
     ) -> None:
         self._listener = listener
+        self._placement = placement
         self._heartbeat_interval = heartbeat_interval
         self._stopping = stopping
         self._streams: set[asyncio.Task[Any]] = set()  # the handlers of open streams
@@ -261,8 +276,13 @@ class _ControlService(pb_grpc.ControlServicer):
                 return
             # Tell the client at once that its stream is open (it resets its backoff on this).
             await context.send_initial_metadata(())
+            placement = self._placement
             while True:  # one event, one write: no task or wait set per event
-                await context.write(event_to_proto(await queue.get()))
+                event = await queue.get()
+                placed = None
+                if placement is not None and isinstance(event, HostsUpdated):
+                    placed = await placement(worker_id, event.next_epoch)
+                await context.write(event_to_proto(event, placed))
         except asyncio.CancelledError:
             if not self._stopping.is_set():
                 raise  # the client went away
@@ -280,7 +300,9 @@ class ControlServer:
     With `tls` it accepts TLS connections only, presenting that identity.
     Every call needs `authorization: Bearer <token>` (else UNAUTHENTICATED). A listener
     answering False becomes NOT_FOUND; a listener raising becomes UNAVAILABLE (the worker
-    retries). Runs on the event loop that calls `start`.
+    retries). With `placement`, each `HostsUpdated` written to a worker carries the worker's
+    slot in that epoch when `placement` gives one (the worker then needs no HTTP join).
+    Runs on the event loop that calls `start`.
     """
 
     def __init__(
@@ -292,6 +314,7 @@ class ControlServer:
         *,
         heartbeat_interval: float = 1.0,
         tls: TlsIdentity | None = None,
+        placement: Placement | None = None,
     ) -> None:
         if not token:
             raise ValueError("the control service needs a job token")
@@ -302,6 +325,7 @@ class ControlServer:
         self.host = host
         self._requested_port = port
         self.heartbeat_interval = heartbeat_interval
+        self._placement = placement
         self._credentials = tls.grpc_server_credentials() if tls is not None else None
         self._server: aio.Server | None = None
         self._port: int | None = None
@@ -325,7 +349,9 @@ class ControlServer:
         """Bind and serve. Raises RuntimeError when the address cannot be bound."""
         self._stopping = asyncio.Event()
         server = aio.server(interceptors=[_TokenCheck(self._token)], options=_SERVER_OPTIONS)
-        self._service = _ControlService(self._listener, self.heartbeat_interval, self._stopping)
+        self._service = _ControlService(
+            self._listener, self.heartbeat_interval, self._stopping, self._placement
+        )
         pb_grpc.add_ControlServicer_to_server(self._service, server)
         host = f"[{self.host}]" if ":" in self.host else self.host
         target = f"{host}:{self._requested_port}"

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 
 ROUND_BATCH = 0.005  # seconds a round waits for more changes seen at the same time...
-ROUND_AFTER_DEATH = 0.25  # ...and after a death, at most, for every survivor to rejoin
+ROUND_AFTER_DEATH = 0.05  # ...and after a death, at most, for more deaths (or the survivors)
 
 
 class RoundBatcher:
@@ -15,8 +15,9 @@ class RoundBatcher:
     The round forms (`form(reasons)` is called once, with every request's reason in order)
     `ROUND_BATCH` after the first request; after a death (`broken`: the current round is of
     no use any more), once every awaited survivor has come to the rendezvous, or after
-    `ROUND_AFTER_DEATH`: a round formed before they are all there would be of no use, and the
-    deaths seen meanwhile join the same round, so k deaths cost one round, not k.
+    `ROUND_AFTER_DEATH`, whichever is first: deaths seen meanwhile (those of one host, those
+    one liveness look finds) join the same round, so k deaths cost one round, not k. Survivors
+    need not have come: each is sent its slot in the new round on its event stream.
     """
 
     def __init__(self, form: Callable[[list[str]], None]) -> None:
@@ -45,9 +46,11 @@ class RoundBatcher:
         awaited = self._awaited
         if awaited is None or self._timer is None:
             return
-        awaited.discard(worker_id)  # type: ignore[arg-type]
-        for gone in [w for w in awaited if not alive(w)]:
-            awaited.discard(gone)
+        if worker_id is not None:
+            awaited.discard(worker_id)
+        else:  # a look after a death: only then can an awaited one have died (O(N), not O(N²))
+            for gone in [w for w in awaited if not alive(w)]:
+                awaited.discard(gone)
         if not awaited:
             self._timer.cancel()
             self._form_now()

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import os
 
-from elastic.driver.control.events import WorkerListener
+from elastic.driver.control.events import Placement, WorkerListener
 from elastic.driver.control.server import ControlServer
 from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.services import Services
 from elastic.driver.server.tls import TlsIdentity
 from elastic.driver.settings import Settings
 from elastic.protocol.etcd import DriverAddress, certificate_mac
+from elastic.protocol.http import SlotInfo
 
 log = logging.getLogger("elasticrun")
 
@@ -23,6 +24,22 @@ def tls_identity(settings: Settings, address: str) -> TlsIdentity | None:
     if settings.tls_cert is not None and settings.tls_key is not None:
         return TlsIdentity.load(settings.tls_cert, settings.tls_key)
     return TlsIdentity.make_self_signed(sorted({address, "127.0.0.1", "localhost"}))
+
+
+def _placement(services: Services) -> Placement:
+    """Slots for the event stream, answered as `/v1/rendezvous/join` would answer them."""
+    rendezvous = services.rendezvous
+
+    async def placement(worker_id: str, epoch: int) -> tuple[SlotInfo, int] | None:
+        if rendezvous.epoch != epoch or (slot := rendezvous.slot_of(worker_id)) is None:
+            return None
+        if services.durable is not None:
+            await services.durable()
+            if rendezvous.epoch != epoch:
+                return None
+        return slot, services.newest_commit()
+
+    return placement
 
 
 class Endpoints:
@@ -43,6 +60,7 @@ class Endpoints:
             address,
             heartbeat_interval=settings.heartbeat_interval,
             tls=self.tls,
+            placement=_placement(services),
         )
         self.url = ""
         self.control_address = ""
