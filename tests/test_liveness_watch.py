@@ -31,7 +31,9 @@ class Clock:
 
 
 def member(worker_id: str, last_heartbeat: float) -> Worker:
-    return worker(worker_id, M, registered=True, joined=True, last_heartbeat=last_heartbeat)
+    return worker(
+        worker_id, M, registered=True, joined=True, heard=True, last_heartbeat=last_heartbeat
+    )
 
 
 def watching(
@@ -109,3 +111,34 @@ def test_silence_after_an_excused_pause_is_judged_again() -> None:
         assert await look(reports) == [Judged(quiet, Verdict.HUNG), Tick(clock.now)]
 
     watching([quiet], scenario)
+
+
+def test_a_busy_driver_credits_its_lateness_to_every_worker() -> None:
+    quiet = member("r0", last_heartbeat=100.0)
+
+    async def scenario(reports: asyncio.Queue[Report], clock: Clock) -> None:
+        await look(reports)
+        clock.now += 0.02
+        time.sleep(1.5 * INTERVAL)  # busy: its next look wakes late
+        assert await look(reports) == [Tick(clock.now)]
+        assert quiet.last_heartbeat > 100.0, "the heartbeats it could not read are not missed"
+        assert quiet.last_heartbeat <= clock.now
+
+    watching([quiet], scenario)
+
+
+def test_a_worker_whose_heartbeats_never_reached_the_driver_is_not_judged_hung() -> None:
+    unheard = worker("r0", M, registered=True, joined=True, last_heartbeat=99.0)
+    silent = member("r1", last_heartbeat=99.0)
+
+    async def scenario(reports: asyncio.Queue[Report], clock: Clock) -> None:
+        assert await look(reports) == [Judged(silent, Verdict.HUNG), Tick(100.0)]
+        unheard.heard = True  # its stream's first heartbeat was read; then it went silent
+        clock.now += 4 * INTERVAL
+        assert await look(reports) == [
+            Judged(unheard, Verdict.HUNG),
+            Judged(silent, Verdict.HUNG),
+            Tick(clock.now),
+        ]
+
+    watching([unheard, silent], scenario)

@@ -41,6 +41,7 @@ class Worker:
     pid: int | None = None  # as the worker reported it (remote workers too)
     launched_at: float = 0.0
     last_heartbeat: float = 0.0
+    heard: bool = False  # a heartbeat of this process reached this driver (its stream is open)
     stream_closed_at: float | None = None
     launcher_pid: int | None = None  # the local process: the worker, its keeper or ssh client
     log_dir: str | None = None  # a detached worker's output and exit status

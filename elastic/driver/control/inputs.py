@@ -52,6 +52,7 @@ class WorkerInputs:
         if worker is None:
             return False
         worker.last_heartbeat = self._clock()
+        worker.heard = True
         if epoch and not worker.joined:
             # In a round without an HTTP join: its slot came with its launch or on its stream.
             worker.joined = True

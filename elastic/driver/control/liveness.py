@@ -13,15 +13,22 @@ from elastic.driver.workers import Worker
 log = logging.getLogger("elasticrun")
 
 PAUSE_WORTH_SAYING = 1.0  # seconds: a shorter pause (a loaded machine) is excused silently
+LAG_WORTH_CREDITING = 0.01  # seconds a look may be late before the lateness is credited
 
 
 class LivenessWatch:
     """Every `min(heartbeat interval, 0.25 s)`, reports each verdict of `judge` over the live
     workers (`live()`) and then a `Tick`.
 
-    A look that wakes late by at least a heartbeat interval means this driver was paused (its
-    loop blocked, its process stopped) and heard nothing meanwhile: missed heartbeats count
-    from then again, so that the silence it caused does not make every worker hung.
+    Misses are judged against heartbeats this driver had the time to read:
+    * a look that wakes late by at least a heartbeat interval means this driver was paused
+      (its loop blocked, its process stopped) and heard nothing meanwhile: missed heartbeats
+      count from then again, so that the silence it caused does not make every worker hung;
+    * a look that wakes late by less (a loop busy with thousands of workers' calls, whose
+      heartbeats wait unread in gRPC's queue meanwhile) credits every worker with that lateness;
+    * a registered worker none of whose heartbeats has reached this driver yet (its heartbeat
+      stream waits in that queue) is not judged hung: it is NOT_JOINED after the start
+      timeout if it never joins, and its process exit or closed event stream still count.
     """
 
     def __init__(
@@ -43,13 +50,21 @@ class LivenessWatch:
             due = loop.time() + every
             await asyncio.sleep(every)
             now = self._clock()
-            self._excuse_pause(loop.time() - due, now)
+            self._excuse_lag(loop.time() - due, now)
             for worker, verdict in judge(self._live(), now, self._limits):
                 self._reports.put_nowait(Judged(worker, verdict))
             self._reports.put_nowait(Tick(now))
 
-    def _excuse_pause(self, late: float, now: float) -> None:
+    def _excuse_lag(self, late: float, now: float) -> None:
+        workers = self._live()
+        for worker in workers:  # not heard yet: its silence is not its own
+            if worker.registered and not worker.heard:
+                worker.last_heartbeat = max(worker.last_heartbeat, now)
+        if late < LAG_WORTH_CREDITING:
+            return
         if late < self._limits.heartbeat_interval:
+            for worker in workers:
+                worker.last_heartbeat = min(worker.last_heartbeat + late, now)
             return
         if late >= PAUSE_WORTH_SAYING:
             log.warning(
@@ -57,5 +72,5 @@ class LivenessWatch:
                 "stopped): workers' heartbeats are awaited from now",
                 late,
             )
-        for worker in self._live():
+        for worker in workers:
             worker.last_heartbeat = max(worker.last_heartbeat, now)

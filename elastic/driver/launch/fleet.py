@@ -98,6 +98,7 @@ class Fleet:
         worker.process = AdoptedProcess(worker.launcher_pid, worker.log_dir)
         worker.launched_at = now
         worker.last_heartbeat = now + ADOPT_GRACE  # it has to find this driver first
+        worker.heard = True  # it was heard before: judged by heartbeats after that grace
         self._watch(worker)
 
     def stop_strays(self) -> None:
