@@ -25,8 +25,9 @@ from elastic.driver.control.events import ControlEvent, EpochBroken, HostsUpdate
 from elastic.driver.control.server import ControlServer
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
+from elastic.protocol.http import SlotInfo
 from elastic.worker.control import ControlClient, ControlError, WorkerEvicted
-from elastic.worker.membership import HostsUpdate, MembershipEvents
+from elastic.worker.membership import HostsUpdate, MembershipEvents, Offer
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "s3cret-control-token"
@@ -101,6 +102,7 @@ class Driver:
 
     def __init__(self) -> None:
         self.listener = RecordingListener()
+        self.placements: dict[tuple[str, int], tuple[SlotInfo, int]] = {}  # the slots it sends
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -110,7 +112,13 @@ class Driver:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     def start(self, port: int = 0) -> ControlServer:
-        server = ControlServer(self.listener, TOKEN, "127.0.0.1", port, heartbeat_interval=INTERVAL)
+        async def placement(worker_id: str, epoch: int) -> tuple[SlotInfo, int] | None:
+            return self.placements.get((worker_id, epoch))
+
+        server = ControlServer(
+            self.listener, TOKEN, "127.0.0.1", port, heartbeat_interval=INTERVAL,
+            placement=placement,
+        )  # fmt: skip
         self.run(server.start())
         self.server = server
         return server
@@ -213,6 +221,25 @@ def test_events_arrive_in_membership_events(driver: Driver, clients: list[Contro
     assert wait_until(lambda: events.broken(4)) == "h2 died"
     driver.send("w1", HostsUpdated(version=4, next_epoch=5, removed=("h2",)))
     assert wait_until(lambda: events.pending_update(4)) == HostsUpdate(5, True, True)
+
+
+def test_a_new_round_brings_the_workers_slot_in_it_when_the_driver_gives_one(
+    driver: Driver, clients: list[ControlClient]
+) -> None:
+    _, events = start_client(driver, clients, "w1")
+    driver.listener.wait_for("stream_opened", "w1")
+    slot = SlotInfo(
+        hostname="h1", rank=2, local_rank=0, cross_rank=2, size=3, local_size=1, cross_size=3
+    )
+    driver.placements[("w1", 4)] = (slot, 7)
+    driver.send("w1", EpochBroken(epoch=3, reason="h2 died"))
+    driver.send("w1", HostsUpdated(version=3, next_epoch=4, removed=("h2",)))
+    assert events.offer_after(3, wait=10.0) == Offer(4, slot, job_commit=7)
+    assert events.offer_after(4) is None, "no newer round offered yet"
+    driver.send("w1", HostsUpdated(version=4, next_epoch=5, added=("h3",)))  # no slot given
+    assert wait_until(lambda: events.pending_update(4)) == HostsUpdate(5, True, True)
+    assert events.offer_after(4) is None, "without a slot the worker joins over HTTP"
+    assert events.offer_after(3) == Offer(4, slot, job_commit=7)
 
 
 def test_a_killed_client_process_closes_its_stream_promptly(driver: Driver) -> None:
