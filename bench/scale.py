@@ -24,7 +24,9 @@ One trial per size and backend; from CLOCK_MONOTONIC stamps, comparable across p
 * `first_round_s`: the driver's first launch to the last of the N workers receiving its slot
   in round 1 (`start.run_to_first_round_s`: from `Job.run()`, adding the backend claim and
   the servers' start); the driver forms round 1 before it launches anybody, so this is
-  launching, registering, opening the streams and joining. None when the driver declared
+  launching, registering and opening the streams (a round-1 worker takes its slot from its
+  environment, as `elastic.worker.runtime` does; up to commit 223e12d it also joined over
+  HTTP). None when the driver declared
   some workers dead first (missed heartbeats while it was too busy to read them): `start`
   then says how many joined round 1, and in which round, after how long, with how many
   workers the job settled (every live worker in the driver's newest round);

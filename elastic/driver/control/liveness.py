@@ -50,13 +50,13 @@ class LivenessWatch:
             due = loop.time() + every
             await asyncio.sleep(every)
             now = self._clock()
-            self._excuse_lag(loop.time() - due, now)
-            for worker, verdict in judge(self._live(), now, self._limits):
+            workers = list(self._live())  # one pass builds it: it is every live worker
+            self._excuse_lag(loop.time() - due, now, workers)
+            for worker, verdict in judge(workers, now, self._limits):
                 self._reports.put_nowait(Judged(worker, verdict))
             self._reports.put_nowait(Tick(now))
 
-    def _excuse_lag(self, late: float, now: float) -> None:
-        workers = self._live()
+    def _excuse_lag(self, late: float, now: float, workers: list[Worker]) -> None:
         for worker in workers:  # not heard yet: its silence is not its own
             if worker.registered and not worker.heard:
                 worker.last_heartbeat = max(worker.last_heartbeat, now)
