@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from elastic.driver.policy.rounds import Decision, JobView, Phase
+from elastic.driver.rendezvous.assignment import plan_slots
 from elastic.driver.settings import ElasticSettings
 from elastic.driver.workers import Worker, WorkerState
 
@@ -44,8 +45,13 @@ def view(
         short_since=None,
         newest_commit=0,
         commit_at_fleet_loss=None,
+        round=1,
+        command=("train.py",),
     )
     defaults.update(fields)
+    if "slots" not in defaults:
+        hostnames = [defaults["workers"][w].hostname for w in members]  # type: ignore[index]
+        defaults["slots"] = dict(zip(members, plan_slots(hostnames), strict=True))
     return JobView(**defaults)  # type: ignore[arg-type]
 
 

@@ -6,18 +6,23 @@ from __future__ import annotations
 import pytest
 
 from elastic.driver.discovery.hosts import HostSpec
-from elastic.driver.policy.leaving import handovers, leave
+from elastic.driver.policy.leaving import asked, handovers, leave
 from elastic.driver.policy.rounds import (
     NOTHING,
+    BeginFinishing,
     Decision,
     HandOver,
     Launch,
     LetGo,
+    Log,
+    MarkExiting,
     Phase,
+    Reform,
+    SeeHandovers,
     StopWorker,
-    Warn,
 )
-from tests.policy_views import ELASTIC, LV, F, L, M, S, X, view, worker
+from elastic.protocol.leave import EXITING, FINISHED
+from tests.policy_views import ELASTIC, LV, F, L, M, S, X, kinds, view, worker
 
 WHY = "host a was removed by discovery"
 
@@ -48,17 +53,33 @@ def test_a_member_goes_at_once_unless_it_holds_the_only_copy_of_its_commit(
     members = ("r0", *(w.worker_id for w in rest))
     job = view(worker("r0", M, commit=5), *rest, members=members, elastic=elastic)
     decision = leave(job, "r0", WHY)
-    assert decision.actions == (expected("r0", WHY),), case
+    assert decision.actions[0] == expected("r0", WHY), case
+    then = {LetGo: [Log, Reform] if elastic else [Log], HandOver: [Log, SeeHandovers]}
+    assert [type(a) for a in decision.actions[1:]] == then[expected], case
 
 
 def test_a_joiner_holding_the_commit_does_not_count_as_a_holder() -> None:
     job = view(worker("r0", M, commit=5), worker("j", L, slot=1, commit=5), members=("r0",))
-    assert leave(job, "r0", WHY).actions == (HandOver("r0", WHY),)
+    assert leave(job, "r0", WHY).actions[0] == HandOver("r0", WHY)
 
 
 def test_a_member_without_a_commit_goes_at_once() -> None:
     job = view(worker("r0", M), members=("r0",))
-    assert leave(job, "r0", WHY).actions == (LetGo("r0", WHY),)
+    assert leave(job, "r0", WHY).actions == (
+        LetGo("r0", WHY),
+        Log("info", f"rank 0 on host a leaves the job: {WHY}"),
+        Reform(f"rank 0 on host a leaves: {WHY}", broken=False),
+    )
+
+
+def test_a_member_handing_over_says_so_and_looks_for_a_holder() -> None:
+    job = view(worker("r0", M, commit=5), members=("r0",))
+    assert leave(job, "r0", WHY).actions == (
+        HandOver("r0", WHY),
+        Log("info", f"rank 0 on host a leaves the job ({WHY}) once another worker holds its "
+            "state (commit 5)"),
+        SeeHandovers(),
+    )  # fmt: skip
 
 
 def test_leave_says_why_in_words() -> None:
@@ -95,8 +116,8 @@ def test_a_leaver_goes_once_another_member_reports_its_commit() -> None:
     assert handovers(behind, TWO_SLOTS) is NOTHING  # r1 will report holding it
     caught_up = view(leaver(), worker("r1", M, slot=1, commit=5), members=("r0", "r1"))
     decision = handovers(caught_up, TWO_SLOTS)
-    assert decision.actions == (
-        LetGo("r0", "SIGTERM; another worker holds its state now (commit 5)"),
+    assert decision.actions[0] == (
+        LetGo("r0", "SIGTERM; another worker holds its state now (commit 5)")
     )
     assert decision.reason == "1 worker(s) handing their state over"
 
@@ -121,11 +142,14 @@ def test_a_worker_is_launched_on_a_free_slot_when_none_can_take_the_state_over()
 def test_a_leaver_goes_with_a_warning_when_no_worker_can_be_launched(hosts, phase) -> None:
     job = view(leaver(), members=("r0",), phase=phase)
     assert handovers(job, hosts).actions == (
-        Warn(
+        Log(
+            "warning",
             "worker r0 takes the only copy of the job's state (commit 5) with it: no other "
-            "worker can be started to take it over"
+            "worker can be started to take it over",
         ),
         LetGo("r0", "SIGTERM; nobody can take its state over"),
+        Log("info", "rank 0 on host a leaves the job: SIGTERM; nobody can take its state over"),
+        Reform("rank 0 on host a leaves: SIGTERM; nobody can take its state over", broken=False),
     )
 
 
@@ -142,12 +166,39 @@ def test_leavers_are_decided_each_on_their_own() -> None:
         leaver("r0", commit=5), leaver("r1", slot=1, commit=6), worker("r2", M, slot=2, commit=5),
         members=("r0", "r1", "r2"),
     )  # fmt: skip
-    assert handovers(job, [HostSpec("a", 4)]).actions == (
-        LetGo("r0", "SIGTERM; another worker holds its state now (commit 5)"),
-    )
+    let_go = [a for a in handovers(job, [HostSpec("a", 4)]).actions if isinstance(a, LetGo)]
+    assert let_go == [LetGo("r0", "SIGTERM; another worker holds its state now (commit 5)")]
 
 
 def test_a_leaver_that_ended_is_not_handed_over() -> None:
     gone = leaver()
     gone.state = F
     assert handovers(view(gone, members=("r0",)), TWO_SLOTS) is NOTHING
+
+
+# --- a worker's own word -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reason", "member", "expected"),
+    [
+        (FINISHED, True, [MarkExiting, BeginFinishing]),
+        (FINISHED, False, [MarkExiting]),
+        (EXITING, True, [MarkExiting]),
+    ],
+    ids=["a member finished", "a joiner finished", "a member exits after an error"],
+)
+def test_a_worker_that_says_it_exits_is_judged_by_its_exit_code(reason, member, expected) -> None:
+    job = view(worker("r0", M), worker("j", L, slot=1), members=("r0",))
+    who = job.workers["r0" if member else "j"]
+    assert kinds(asked(job, who, reason)) == expected
+
+
+def test_any_other_reason_is_a_request_to_leave_the_job() -> None:
+    job = view(worker("r0", M), worker("r1", M, slot=1), members=("r0", "r1"))
+    assert asked(job, job.workers["r0"], "SIGTERM") == leave(job, "r0", "SIGTERM")
+
+
+def test_an_ended_worker_s_word_changes_nothing() -> None:
+    job = view(worker("r0", F), members=("r0",))
+    assert asked(job, job.workers["r0"], FINISHED) is NOTHING

@@ -15,11 +15,11 @@ from elastic.driver.policy.rounds import (
     Finish,
     FormRound,
     Launch,
+    Log,
     Phase,
     RecordFleetLoss,
     ShowProgress,
     WaitForWorkers,
-    Warn,
     fill_slots,
     fleet_lost,
     hosts_removed,
@@ -69,7 +69,7 @@ def test_the_next_round_takes_survivors_then_ready_joiners(states, waiting, expe
 def test_a_round_short_of_min_np_waits_says_why_once_and_fills_slots() -> None:
     workers = (worker("r0", M), worker("r1", F, slot=1))
     decision = next_round(view(*workers, members=("r0", "r1")), "rank 1 died", NOW)
-    assert kinds(decision) == [Warn, WaitForWorkers, FillSlots]
+    assert kinds(decision) == [Log, WaitForWorkers, FillSlots]
     assert decision.actions[1] == WaitForWorkers(NOW)
     assert decision.reason == (
         "rank 1 died: 1 worker(s) left, fewer than --min-np 2; waiting up to 60 s "
@@ -200,7 +200,7 @@ def test_losing_every_worker_after_a_commit_starts_again_and_says_the_state_is_l
     dead = (worker("r0", F, exit_code=-9), worker("r1", F, slot=1, exit_code=-9))
     job = view(*dead, members=("r0", "r1"), newest_commit=7)
     decision = fleet_lost(job, -9, NOW)
-    assert kinds(decision) == [Warn, RecordFleetLoss, WaitForWorkers, FillSlots]
+    assert kinds(decision) == [Log, RecordFleetLoss, WaitForWorkers, FillSlots]
     assert decision.actions[1] == RecordFleetLoss(7)
     assert "its training state (commit 7) is lost" in decision.reason
 

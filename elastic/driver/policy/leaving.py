@@ -14,16 +14,21 @@ from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.policy.rounds import (
     NOTHING,
     Action,
+    BeginFinishing,
     Decision,
     HandOver,
     JobView,
     Launch,
     LetGo,
+    Log,
+    MarkExiting,
+    Reform,
+    SeeHandovers,
     StopWorker,
-    Warn,
     fill_slots,
 )
 from elastic.driver.workers import Worker, WorkerState
+from elastic.protocol.leave import EXIT_REASONS, FINISHED
 
 
 def handed_over(view: JobView, worker: Worker) -> bool:
@@ -44,9 +49,34 @@ def leave(view: JobView, worker_id: str, why: str) -> Decision:
     if worker.state is not WorkerState.MEMBER:
         return NOTHING
     if view.elastic is None or handed_over(view, worker):
-        return Decision((LetGo(worker_id, why),), f"worker {worker_id} leaves: {why}")
+        return Decision(let_go(view, worker, why), f"worker {worker_id} leaves: {why}")
     reason = f"worker {worker_id} leaves ({why}) once another worker holds commit {worker.commit}"
-    return Decision((HandOver(worker_id, why),), reason)
+    line = (
+        f"{view.where(worker)} leaves the job ({why}) once another worker holds its state "
+        f"(commit {worker.commit})"
+    )
+    return Decision((HandOver(worker_id, why), Log("info", line), SeeHandovers()), reason)
+
+
+def asked(view: JobView, worker: Worker, reason: str) -> Decision:
+    """`worker` asked to leave for `reason`. A reason that is an exit (its script returned,
+    or failed) means it exits: it is judged by its exit code from now on, and a member that
+    finished (a leaver still handing its state over among them) ends training. Any other
+    reason is a request to leave the job (`leave`)."""
+    if not worker.state.alive:
+        return NOTHING
+    if reason not in EXIT_REASONS:
+        return leave(view, worker.worker_id, reason)
+    finishing = reason == FINISHED and worker.worker_id in view.slots
+    actions = (MarkExiting(worker.worker_id), *((BeginFinishing(),) if finishing else ()))
+    return Decision(actions, f"{view.where(worker)} exits: {reason}")
+
+
+def let_go(view: JobView, worker: Worker, why: str) -> tuple[Action, ...]:
+    """Exclude the leaving `worker` for `why` and, in an elastic job, re-form without it."""
+    where = view.where(worker)
+    reform = (Reform(f"{where} leaves: {why}", broken=False),) if view.elastic else ()
+    return (LetGo(worker.worker_id, why), Log("info", f"{where} leaves the job: {why}"), *reform)
 
 
 def handovers(view: JobView, hosts: Sequence[HostSpec]) -> Decision:
@@ -60,7 +90,7 @@ def handovers(view: JobView, hosts: Sequence[HostSpec]) -> Decision:
     for worker in leavers:
         if handed_over(view, worker):
             holds = f"another worker holds its state now (commit {worker.commit})"
-            actions.append(LetGo(worker.worker_id, f"{worker.leave_reason}; {holds}"))
+            actions += let_go(view, worker, f"{worker.leave_reason}; {holds}")
             continue
         if any(
             w.state in (WorkerState.LAUNCHING, WorkerState.MEMBER) and w.process is not None
@@ -72,13 +102,13 @@ def handovers(view: JobView, hosts: Sequence[HostSpec]) -> Decision:
             needs_launch = True
             continue
         actions.append(
-            Warn(
+            Log(
+                "warning",
                 f"worker {worker.worker_id} takes the only copy of the job's state (commit "
-                f"{worker.commit}) with it: no other worker can be started to take it over"
+                f"{worker.commit}) with it: no other worker can be started to take it over",
             )
         )
-        why = f"{worker.leave_reason}; nobody can take its state over"
-        actions.append(LetGo(worker.worker_id, why))
+        actions += let_go(view, worker, f"{worker.leave_reason}; nobody can take its state over")
     if needs_launch and launch is not None:
         actions.extend(launch.actions)
     if not actions:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.policy.planning import free_slots, next_members
 from elastic.driver.settings import ElasticSettings
 from elastic.driver.workers import Worker, WorkerState
+from elastic.protocol.http import SlotInfo
 
 JOIN_WINDOW = 3.0  # seconds ready joiners wait for those launched with them before a round
 
@@ -105,9 +106,10 @@ class Finish:
 
 
 @dataclass(frozen=True)
-class Warn:
-    """Tell the user `line` as a warning."""
+class Log:
+    """Tell the user `line` at `level` ("info", "warning" or "error")."""
 
+    level: str
     line: str
 
 
@@ -125,6 +127,91 @@ class RecordFleetLoss:
     commit: int
 
 
+@dataclass(frozen=True)
+class MarkEnded:
+    """Record that worker `worker_id` ended: `failed` (its state goes with it) or exited."""
+
+    worker_id: str
+    failed: bool
+
+
+@dataclass(frozen=True)
+class MarkExiting:
+    """Worker `worker_id` said it exits: judge it by its exit code from now on."""
+
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class Signal:
+    """Send worker `worker_id`'s process SIGKILL (`kill`) or SIGTERM."""
+
+    worker_id: str
+    kill: bool
+
+
+@dataclass(frozen=True)
+class CoolDown:
+    """A worker on `hostname` failed for `why`: keep the host out for its cooldown."""
+
+    hostname: str
+    why: str
+
+
+@dataclass(frozen=True)
+class BreakRound:
+    """Tell every live worker that round `number` is broken, for `why` (once per round)."""
+
+    number: int
+    why: str
+
+
+@dataclass(frozen=True)
+class Reform:
+    """Ask for the next round, for `why`; `broken`: a member died, and the round waits for
+    every survivor to come back to the rendezvous (see `RoundBatcher`)."""
+
+    why: str
+    broken: bool
+
+
+@dataclass(frozen=True)
+class Arrived:
+    """Member `worker_id` is back at the rendezvous for the round that is wanted."""
+
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class ReformIfStillWaiting:
+    """Re-form after one heartbeat interval if round `number` is still the newest then."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class AdvanceTo:
+    """Number the rounds on from `number`: a worker is in it, formed by an earlier driver."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class BeginFinishing:
+    """Training is over: no new round or worker; joiners are stopped, the others end."""
+
+
+@dataclass(frozen=True)
+class SeeIfEnded:
+    """Once the actions before it are done: end the job if no member lives (`job_end`)."""
+
+
+@dataclass(frozen=True)
+class SeeHandovers:
+    """Once the actions before it are done: let go the leavers whose state is held
+    elsewhere (`leaving.handovers`)."""
+
+
 Action = (
     FormRound
     | WaitForWorkers
@@ -135,9 +222,21 @@ Action = (
     | HandOver
     | LetGo
     | Finish
-    | Warn
+    | Log
     | ShowProgress
     | RecordFleetLoss
+    | MarkEnded
+    | MarkExiting
+    | Signal
+    | CoolDown
+    | BreakRound
+    | Reform
+    | Arrived
+    | ReformIfStillWaiting
+    | AdvanceTo
+    | BeginFinishing
+    | SeeIfEnded
+    | SeeHandovers
 )
 
 
@@ -168,6 +267,25 @@ class JobView:
     short_since: float | None  # when the job fell short of --min-np (SHORT phase)
     newest_commit: int  # the newest commit count any worker reported
     commit_at_fleet_loss: int | None  # newest commit when every worker was last lost
+    round: int = 0  # the newest round's number
+    slots: Mapping[str, SlotInfo] = field(default_factory=dict)  # its members' places
+    command: Sequence[str] = ()  # what each worker runs
+    round_wanted: bool = False  # a next round is asked for and not formed yet
+    failures_reported: Set[int] = frozenset()  # rounds a member said failed, unseen here
+
+    def where(self, worker: Worker) -> str:
+        """ "rank R on host H" for a member of the newest round, else "worker ID on host H"."""
+        slot = self.slots.get(worker.worker_id)
+        name = f"rank {slot.rank}" if slot is not None else f"worker {worker.worker_id}"
+        return f"{name} on host {worker.hostname}"
+
+    def alive_besides(self, worker: Worker) -> bool:
+        """Whether any started worker other than `worker` is alive."""
+        return any(
+            w.state.alive and w.process is not None
+            for w in self.workers.values()
+            if w is not worker
+        )
 
     def launching(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.state is WorkerState.LAUNCHING]
@@ -204,7 +322,7 @@ def next_round(view: JobView, why: str, now: float) -> Decision:
         )
         if view.short_since is not None:  # said so when the wait began
             return Decision((FillSlots(),), reason)
-        return Decision((Warn(reason), WaitForWorkers(now), FillSlots()), reason)
+        return Decision((Log("warning", reason), WaitForWorkers(now), FillSlots()), reason)
     limit = elastic.reset_limit
     if limit is not None and view.resets + 1 > limit:
         message = f"reset limit reached: {limit} re-rendezvous (--reset-limit); {why}"
@@ -308,7 +426,9 @@ def fleet_lost(view: JobView, exit_code: int | None, now: float) -> Decision:
         "s, --elastic-timeout)"
     )
     waiting = () if view.short_since is not None else (WaitForWorkers(now),)
-    return Decision((Warn(reason), RecordFleetLoss(commit), *waiting, FillSlots()), reason)
+    return Decision(
+        (Log("warning", reason), RecordFleetLoss(commit), *waiting, FillSlots()), reason
+    )
 
 
 def fill_slots(view: JobView, hosts: Sequence[HostSpec]) -> Decision:

@@ -62,6 +62,11 @@ class Rendezvous:
         return self._slots.get(worker_id)
 
     @property
+    def slots(self) -> Mapping[str, SlotInfo]:
+        """The newest epoch's members' slots, read-only (the next epoch brings a new one)."""
+        return MappingProxyType(self._slots)
+
+    @property
     def waiting(self) -> Mapping[str, int]:
         """Workers now waiting for a newer epoch, with the epoch each is leaving (a read-only
         view that changes as they come and go: copy it to keep it)."""

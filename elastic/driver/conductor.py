@@ -1,0 +1,320 @@
+"""Between a job's start and its end: hear its parts' reports, ask the policy, act.
+
+The conductor owns the job's phase and counters and is the only code that carries out the
+policy's decisions (`policy/`): it builds the read-only view a policy function decides from,
+asks the function each report calls for, and applies the decision's actions in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from elastic.driver.control.channels import ControlChannels
+from elastic.driver.discovery.watcher import HostWatcher
+from elastic.driver.journal.memory import MemoryKeyValueStore
+from elastic.driver.journal.resume import Tally
+from elastic.driver.launch.detached import AdoptedProcess
+from elastic.driver.launch.fleet import Fleet
+from elastic.driver.launch.staffing import Staffing
+from elastic.driver.policy import leaving
+from elastic.driver.policy import rounds as policy
+from elastic.driver.policy import workers as on_workers
+from elastic.driver.policy.rounds import Decision, JobView, Phase
+from elastic.driver.rendezvous.keeper import RoundKeeper
+from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.reports import (
+    Heard,
+    HostsChanged,
+    Joined,
+    Judged,
+    LeaveAsked,
+    Report,
+    Tick,
+    Waiting,
+    WorkerExited,
+)
+from elastic.driver.settings import Settings
+from elastic.driver.workers import Worker, WorkerState
+from elastic.protocol.http import DecisionRecord
+
+log = logging.getLogger("elasticrun")
+
+DECISIONS_KEPT = 50  # the newest decisions `/v1/status` shows
+PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
+
+Spawn = Callable[[Coroutine[Any, Any, Any]], None]
+
+
+class Conductor:
+    """Carries a job from its first round to its end, one report at a time (`hear`).
+
+    `phase` says where the job is (`Phase`); `tally` counts its rounds and commits;
+    `decisions` keeps the newest decisions with their reasons. It acts through the parts it
+    is given: `fleet` (processes), `staffing` (new workers), `rendezvous` (through its
+    `RoundKeeper`, `rounds`), `watcher` (hosts), `save_soon` (the journal), `spawn` (a task
+    of the job) and `finish(code, message)`, which ends the job.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        fleet: Fleet,
+        staffing: Staffing,
+        rendezvous: Rendezvous,
+        channels: ControlChannels,
+        kv: MemoryKeyValueStore,
+        watcher: HostWatcher,
+        save_soon: Callable[[], None],
+        spawn: Spawn,
+        finish: Callable[[int, str | None], None],
+        clock: Callable[[], float],
+    ) -> None:
+        self._settings, self._elastic = settings, settings.elastic
+        self._fleet, self._workers, self._staffing = fleet, fleet.workers, staffing
+        self._rendezvous, self._channels, self._watcher = rendezvous, channels, watcher
+        self._save_soon, self._spawn, self._finish, self._clock = save_soon, spawn, finish, clock
+        self.rounds = RoundKeeper(
+            rendezvous, channels, kv, self._workers, self._form_wanted_round, spawn
+        )
+        self.phase = Phase.RUNNING
+        self.tally = Tally()
+        self.decisions: deque[DecisionRecord] = deque(maxlen=DECISIONS_KEPT)
+        self._short_since: float | None = None  # when the SHORT phase began
+        self._failure_reported: set[int] = set()  # rounds a member said failed, unseen here
+        self._commit_at_fleet_loss: int | None = None  # newest commit when all last died
+        self._last_progress = 0.0
+        self._leavers: set[str] = set()  # workers that were handing their state over
+
+    def resume(self, tally: Tally, finishing: bool) -> None:
+        """Take up the counters and phase an earlier driver saved, its workers restored."""
+        self.tally = tally
+        self._leavers = {w.worker_id for w in self._workers.values() if w.handing_over}
+        if finishing:
+            self.begin_finishing()
+
+    def hear(self, report: Report) -> None:
+        """Act on one report of the job's parts."""
+        now = self._clock()
+        if isinstance(report, WorkerExited):
+            self._channels.forget(report.worker.worker_id)
+            ended_unwatched = _ended_unwatched(report.worker)
+            self.apply(on_workers.exited(self.view(), report.worker, ended_unwatched, now))
+        elif isinstance(report, Judged):
+            timeout = self._settings.start_timeout
+            verdict = report.verdict
+            self.apply(on_workers.judged(self.view(), report.worker, verdict, timeout, now))
+        elif isinstance(report, Tick):
+            self.apply(policy.tick(self.view(), report.now))
+        elif isinstance(report, Waiting):
+            self._on_wait(report.worker_id, report.after, report.commit)
+        elif isinstance(report, Joined):
+            if (worker := self._workers.get(report.worker_id)) is not None:
+                worker.joined = True
+        elif isinstance(report, Heard):
+            if self._workers[report.worker_id].state.alive:
+                self._note_commit(self._workers[report.worker_id], report.commit)
+                self.apply(on_workers.caught_up(self.view(), report.round))
+        elif isinstance(report, LeaveAsked):
+            worker = self._workers[report.worker_id]
+            if worker.state.alive:  # its commit first: a restarted driver may not know it yet
+                self._note_commit(worker, report.commit)
+                self.apply(leaving.asked(self.view(), worker, report.reason))
+        elif isinstance(report, HostsChanged):
+            discovered = {h.hostname for h in self._watcher.tracker.discovered_hosts}
+            self.apply(policy.hosts_removed(self.view(), report.change.removed, discovered))
+            resized = {h.hostname: h.slots for h in report.change.hosts}
+            slots = {name: resized[name] for name in report.change.resized}
+            self.apply(policy.hosts_resized(self.view(), slots))
+            if report.change.added:
+                log.info("hosts available: %s", ", ".join(report.change.added))
+            self._scale()
+
+    def _scale(self) -> int:
+        """Launch workers on free slots of usable hosts (`fill_slots`); return how many."""
+        decision = policy.fill_slots(self.view(), self._watcher.usable())
+        self.apply(decision)
+        return sum(len(a.places) for a in decision.actions if isinstance(a, policy.Launch))
+
+    def stop(self, worker: Worker) -> None:
+        """Stop `worker` for good: exclude it, SIGTERM it, SIGKILL it after --stop-grace."""
+        worker.state = WorkerState.STOPPED
+        self._rendezvous.exclude(worker.worker_id)
+        self._save_soon()
+        self._fleet.stop(worker)
+
+    def view(self) -> JobView:
+        return JobView(
+            phase=self.phase,
+            elastic=self._elastic,
+            workers=self._workers,
+            members=self._rendezvous.members,
+            waiting=self._rendezvous.waiting,
+            resets=self.tally.resets,
+            short_since=self._short_since if self.phase is Phase.SHORT else None,
+            newest_commit=self.tally.newest_commit,
+            commit_at_fleet_loss=self._commit_at_fleet_loss,
+            round=self._rendezvous.epoch,
+            slots=self._rendezvous.slots,
+            command=self._settings.command,
+            round_wanted=self.rounds.batcher.pending,
+            failures_reported=self._failure_reported,
+        )
+
+    def apply(self, decision: Decision) -> None:
+        """Carry out `decision`'s actions in order; keep and (--verbose) log its reason."""
+        if decision.reason:
+            record = DecisionRecord(
+                time=time.time(), round=self._rendezvous.epoch, reason=decision.reason
+            )
+            self.decisions.append(record)
+            log.debug("decision: %s", decision.reason)
+        for action in decision.actions:
+            self._act(action, decision.reason)
+
+    def _act(self, action: policy.Action, reason: str) -> None:
+        if isinstance(action, policy.FormRound):
+            self._form_round(list(action.members), reason)
+        elif isinstance(action, policy.WaitForWorkers):
+            self.phase, self._short_since = Phase.SHORT, action.since
+        elif isinstance(action, policy.FillSlots):
+            self._scale()
+        elif isinstance(action, policy.Launch):
+            self._spawn(self._staffing.grow(action.places, lambda: self.phase.forms_rounds))
+        elif isinstance(action, policy.AskToLeave):
+            self.apply(leaving.leave(self.view(), action.worker_id, action.why))
+        elif isinstance(action, policy.StopWorker):
+            log.info("%s is stopped: %s", self._where(action.worker_id), action.why)
+            self.stop(self._workers[action.worker_id])
+        elif isinstance(action, policy.HandOver):
+            worker = self._workers[action.worker_id]
+            worker.state, worker.handing_over = WorkerState.LEAVING, True
+            worker.leave_reason = action.why
+            self._leavers.add(worker.worker_id)
+            self._save_soon()
+        elif isinstance(action, policy.LetGo):
+            worker = self._workers[action.worker_id]
+            worker.state, worker.handing_over = WorkerState.LEAVING, False
+            self._rendezvous.exclude(worker.worker_id)
+            self._save_soon()
+        elif isinstance(action, policy.Finish):
+            self._finish(action.code, action.message or None)
+        elif isinstance(action, policy.Log):
+            getattr(log, action.level)("%s", action.line)
+        elif isinstance(action, policy.ShowProgress):
+            if self._clock() - self._last_progress >= PROGRESS_EVERY:
+                self._last_progress = self._clock()
+                log.warning("%s", action.line)
+        elif isinstance(action, policy.RecordFleetLoss):
+            self._commit_at_fleet_loss = action.commit
+        elif isinstance(action, policy.MarkEnded):
+            worker = self._workers[action.worker_id]
+            worker.state = WorkerState.FAILED if action.failed else WorkerState.EXITED
+            worker.handing_over = False  # ended: its state goes with it
+        elif isinstance(action, policy.MarkExiting):
+            self._workers[action.worker_id].exiting = True
+            self._save_soon()  # a restarted driver must know it said so
+        elif isinstance(action, policy.Signal):
+            process = self._workers[action.worker_id].process
+            if action.kill:
+                process.kill()
+            else:
+                process.terminate()
+        elif isinstance(action, policy.CoolDown):
+            self._watcher.host_failed(action.hostname, action.why)
+        elif isinstance(action, policy.BreakRound):
+            alive = [w.worker_id for w in self._fleet.alive()]
+            self.rounds.break_round(action.number, action.why, alive)
+        elif isinstance(action, policy.Reform):
+            self._reform(action.why, action.broken)
+        elif isinstance(action, policy.Arrived):
+            self.rounds.arrived(action.worker_id)
+        elif isinstance(action, policy.ReformIfStillWaiting):
+            self._failure_reported.add(action.number)
+            self._spawn(self._reform_if_still_waiting(action.number))
+        elif isinstance(action, policy.AdvanceTo):
+            self._rendezvous.advance_to(action.number)
+        elif isinstance(action, policy.BeginFinishing):
+            self.begin_finishing()
+        elif isinstance(action, policy.SeeIfEnded):
+            self.apply(policy.job_end(self.view()))
+        elif isinstance(action, policy.SeeHandovers):
+            self._see_handovers()
+
+    def _form_wanted_round(self, reasons: list[str]) -> None:
+        self.apply(policy.next_round(self.view(), policy.summarize(reasons), self._clock()))
+
+    def _form_round(self, members: list[str], why: str) -> None:
+        """Form the next round with `members`: joiners among them become members."""
+        self.phase, self._short_since = Phase.RUNNING, None
+        self.tally.resets += 1
+        self.tally.update_version += 1
+        self.rounds.form(members, self.tally.update_version, why)
+        for worker_id in members:
+            if self._workers[worker_id].state is WorkerState.LAUNCHING:
+                self._workers[worker_id].state = WorkerState.MEMBER  # a leaving one stays so
+        self._save_soon()
+
+    def _reform(self, why: str, broken: bool = False) -> None:
+        """Ask for the next round; `broken`: a member died (see `RoundKeeper.want`)."""
+        awaited = (lambda: policy.survivors_not_waiting(self.view())) if broken else None
+        self.rounds.want(why, awaited)
+
+    def begin_finishing(self) -> None:
+        """Training is over (a member finished): no new round, no new worker; joiners are
+        stopped, members re-joining are told to leave, the others end their part and exit."""
+        if not self.phase.forms_rounds:
+            return
+        self.phase = Phase.FINISHING
+        self._rendezvous.close()
+        self._save_soon()
+        for other in self._workers.values():
+            if other.state is WorkerState.LAUNCHING:
+                self.stop(other)
+
+    # --- what workers do -------------------------------------------------------------------
+
+    def _on_wait(self, worker_id: str, after: int, commit: int) -> None:
+        """A worker whose state holds `commit` commits waits for a round after `after`."""
+        worker = self._workers.get(worker_id)
+        if worker is None or not worker.state.alive:
+            return
+        if self._elastic is None or not self.phase.forms_rounds:
+            return
+        self._note_commit(worker, commit)
+        self.apply(on_workers.caught_up(self.view(), after))
+        if worker.state is WorkerState.LAUNCHING and worker.waiting_since is None:
+            worker.waiting_since = self._clock()
+        self.apply(on_workers.waiting(self.view(), worker, after, self._clock()))
+
+    async def _reform_if_still_waiting(self, number: int) -> None:
+        await asyncio.sleep(self._settings.heartbeat_interval)
+        if self._rendezvous.epoch == number and self.phase.forms_rounds:
+            self._reform("a worker reported a failed collective", broken=True)
+
+    def _where(self, worker_id: str) -> str:
+        return self.view().where(self._workers[worker_id])
+
+    def _note_commit(self, worker: Worker, commit: int) -> None:
+        """`worker` reported that its state holds `commit` commits."""
+        if commit != worker.commit:
+            worker.commit = commit
+            self.tally.newest_commit = max(self.tally.newest_commit, commit)
+            self._see_handovers()
+
+    def _see_handovers(self) -> None:
+        """Let go the leavers whose state is held elsewhere now (`leaving.handovers`); costs
+        nothing while nobody hands its state over, as at every commit of a large job."""
+        workers = self._workers
+        self._leavers = {w for w in self._leavers if workers[w].handing_over}
+        if self._leavers:
+            self.apply(leaving.handovers(self.view(), self._watcher.usable()))
+
+
+def _ended_unwatched(worker: Worker) -> bool:
+    return isinstance(worker.process, AdoptedProcess) and worker.process.ended_unwatched

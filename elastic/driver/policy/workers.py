@@ -1,0 +1,174 @@
+"""What a worker's exit, verdict, failure or wait at the rendezvous means for the job. Pure.
+
+`Job` records what a worker reported (its commit, since when it waits) before it asks; the
+decisions below change the worker records only through their actions (`MarkEnded`), so a
+follow-up that depends on the changed records is an action of its own (`SeeIfEnded`,
+`SeeHandovers`, `FillSlots`), decided when its turn comes.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from elastic.driver.policy.liveness import Ending, Verdict, ending
+from elastic.driver.policy.rounds import (
+    NOTHING,
+    Action,
+    AdvanceTo,
+    Arrived,
+    BeginFinishing,
+    BreakRound,
+    CoolDown,
+    Decision,
+    FillSlots,
+    Finish,
+    JobView,
+    Log,
+    MarkEnded,
+    Reform,
+    ReformIfStillWaiting,
+    SeeHandovers,
+    SeeIfEnded,
+    Signal,
+    fleet_lost,
+    joiner_waiting,
+)
+from elastic.driver.workers import Worker, WorkerState
+
+
+def describe_exit(worker: Worker) -> str:
+    """How `worker`'s process ended, in words: its signal or its exit code."""
+    number = worker.process.signal if worker.process is not None else None
+    if number is not None:
+        return f"was killed by signal {signal.Signals(number).name} (exit code {worker.exit_code})"
+    return f"exited with code {worker.exit_code}"
+
+
+def exited(view: JobView, worker: Worker, ended_unwatched: bool, now: float) -> Decision:
+    """`worker`'s process ended with `worker.exit_code` (see `ending` for what that means);
+    `ended_unwatched`: while no driver watched it."""
+    kind = ending(worker, ended_unwatched)
+    where, code = view.where(worker), worker.exit_code
+    was_member = worker.worker_id in view.slots
+    ended = MarkEnded(worker.worker_id, failed=False)
+    if kind is Ending.IGNORED:
+        return NOTHING
+    if kind is Ending.FAILED:
+        return failed(view, worker, describe_exit(worker), now)
+    if kind is Ending.CANNOT_RUN:
+        program = view.command[0] if view.command else "its command"
+        message = (
+            f"{where} could not run {program!r} (exit code {code}: "
+            f"{'not found' if code == 127 else 'not executable'}); its output says more"
+        )
+        return Decision((Finish(code or 1, message),), message)
+    if kind is Ending.LEFT:
+        said = (Log("warning", f"{where} left with exit code {code}"),) if code != 0 else ()
+        return Decision((ended, *said, FillSlots()), f"{where} left: its slot is free")
+    if kind is Ending.LEFT_UNSEEN:  # its leave was not saved (etcd was down)
+        line = (
+            f"{where} exited with code 0 while no driver watched it, without having said "
+            "that it finished: counted as having left the job"
+        )
+        actions: list[Action] = [ended, Log("warning", line)]
+        if was_member and view.elastic is not None:
+            actions.append(Reform(f"{where} left", broken=False))
+        actions.append(FillSlots() if view.alive_besides(worker) else SeeIfEnded())
+        return Decision(tuple(actions), line)
+    finishing = (BeginFinishing(),) if was_member else ()  # a member's end is training's end
+    return Decision((ended, *finishing, SeeIfEnded()), f"{where} finished")
+
+
+def failed(view: JobView, worker: Worker, reason: str, now: float) -> Decision:
+    """`worker` died for `reason`. A static job ends with its exit code. An elastic one cools
+    its host down, breaks its round (or, for a leaver, the round it left, whose collectives
+    its peers may still be in), and re-forms from the survivors; when it was the last
+    worker, see `fleet_lost`."""
+    where = view.where(worker)
+    line = f"{where} {reason}"
+    dead = MarkEnded(worker.worker_id, failed=True)
+    if view.elastic is None:
+        message = f"{line}; stopping the other workers"
+        return Decision((dead, Finish(worker.exit_code or 1, message)), message)
+    actions: list[Action] = [dead, Log("error", line), CoolDown(worker.hostname, reason)]
+    if not view.phase.forms_rounds:
+        return Decision((*actions, SeeIfEnded()), line)
+    if worker.worker_id in view.slots:
+        actions += [BreakRound(view.round, line), Reform(line, broken=True)]
+    elif worker.state is WorkerState.LEAVING:
+        actions.append(BreakRound(view.round - 1, line))
+    if view.alive_besides(worker):
+        actions += [FillSlots(), SeeHandovers()]  # refill its slot unless it cools down
+    else:
+        actions += fleet_lost(view, worker.exit_code, now).actions
+    return Decision(tuple(actions), line)
+
+
+def judged(
+    view: JobView, worker: Worker, verdict: Verdict, start_timeout: float, now: float
+) -> Decision:
+    """The liveness watch gave `worker` a `verdict`: a lingering leaver is sent SIGTERM; any
+    other is killed and has failed. A static job whose worker did not join in time ends,
+    naming every rank that has not joined."""
+    if not worker.state.alive:
+        return NOTHING  # it ended since it was judged
+    where = view.where(worker)
+    if verdict is Verdict.LINGERING:
+        return Decision((Signal(worker.worker_id, kill=False),), f"{where} {verdict.value}")
+    kill = Signal(worker.worker_id, kill=True)
+    if verdict is Verdict.NOT_JOINED:
+        if view.elastic is None:
+            missing = sorted(
+                slot.rank
+                for w in view.workers.values()
+                if w.state.alive and w.process is not None and not w.joined
+                if (slot := view.slots.get(w.worker_id)) is not None
+            )
+            message = (
+                f"rank(s) {missing} did not join the rendezvous within {start_timeout:g} s "
+                "(--start-timeout)"
+            )
+            return Decision((kill, Finish(1, message)), message)
+        reason = f"did not join within {start_timeout:g} s (--start-timeout)"
+    else:
+        reason = verdict.value
+    decision = failed(view, worker, reason, now)
+    return Decision((kill, *decision.actions), decision.reason)
+
+
+def waiting(view: JobView, worker: Worker, after: int, now: float) -> Decision:
+    """`worker` waits at the rendezvous for a round after `after`. A joiner may complete the
+    next round (`joiner_waiting`); a member back from its round is one fewer the wanted round
+    waits for, and a member that saw its round fail before the driver saw a death has the
+    job re-form after one heartbeat interval, unless the death shows up first."""
+    if view.elastic is None or not view.phase.forms_rounds or not worker.state.alive:
+        return NOTHING
+    if worker.state is WorkerState.LAUNCHING:
+        return joiner_waiting(view, now)
+    if worker.state is not WorkerState.MEMBER or after < view.round:
+        return NOTHING
+    if view.round_wanted:
+        return Decision((Arrived(worker.worker_id),), "")
+    if after in view.failures_reported:
+        return NOTHING
+    reason = f"{view.where(worker)} reports round {after} failed"
+    return Decision((ReformIfStillWaiting(after),), reason)
+
+
+def caught_up(view: JobView, number: int) -> Decision:
+    """A worker is in round `number`, newer than any this driver knows: an earlier driver
+    formed it and died before saving it (etcd was down). Break it and form a newer one from
+    the workers this driver knows; those it does not know are refused when they call."""
+    if number <= view.round or view.elastic is None or not view.phase.forms_rounds:
+        return NOTHING
+    line = (
+        f"a worker is in round {number}, which the previous driver formed but never saved "
+        f"(this driver resumed at round {view.round}): re-forming"
+    )
+    actions = (
+        Log("warning", line),
+        AdvanceTo(number),
+        BreakRound(number, "the driver restarted"),
+        Reform(f"round {number} was never saved", broken=True),
+    )
+    return Decision(actions, line)

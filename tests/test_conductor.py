@@ -1,0 +1,167 @@
+"""The conductor hears reports and carries out the policy's decisions on real driver parts.
+
+Real rendezvous, control channels, round keeper, fleet records and host watcher; the worker
+processes are stand-ins (`Process`) that record the signals they get: nothing is launched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+
+import pytest
+
+from elastic.driver.conductor import Conductor
+from elastic.driver.control.channels import ControlChannels
+from elastic.driver.control.events import EpochBroken, HostsUpdated
+from elastic.driver.discovery import FixedHosts, HostTracker
+from elastic.driver.discovery.cooldown import Cooldown
+from elastic.driver.discovery.hosts import HostSpec
+from elastic.driver.discovery.watcher import HostWatcher
+from elastic.driver.journal.memory import MemoryKeyValueStore
+from elastic.driver.launch.fleet import Fleet
+from elastic.driver.launch.host_access import HostAccess
+from elastic.driver.launch.ssh import SshOptions
+from elastic.driver.launch.staffing import Staffing
+from elastic.driver.policy.rounds import Phase
+from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.reports import LeaveAsked, Reports, Waiting, WorkerExited
+from elastic.driver.settings import ElasticSettings, Settings
+from elastic.driver.workers import WorkerState
+from elastic.protocol.leave import FINISHED
+
+HOSTS = [HostSpec("localhost", 4)]
+
+
+class Process:
+    """A worker process stand-in: records the signals sent to it."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        self.signal: int | None = None
+
+    def kill(self) -> None:
+        self.signals.append(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.signals.append(signal.SIGTERM)
+
+
+class Harness:
+    """A conductor over `n` members of round 1 on HOSTS, and what it ended the job with."""
+
+    def __init__(self, n: int, elastic: bool, tmp_path) -> None:
+        settings = Settings(
+            np=n, hosts=HOSTS, command=["train.py"],
+            elastic=ElasticSettings(1, n, None, cooldown_range=(600.0, 600.0))
+            if elastic else None,
+        )  # fmt: skip
+        reports: Reports = asyncio.Queue()
+        hosts = HostAccess(SshOptions(), 1.0, 5.0)
+        self.rendezvous = Rendezvous()
+        self.channels = ControlChannels()
+        self.fleet = Fleet(hosts, reports, self.rendezvous.slot_of, str(tmp_path), None, 1.0)
+        watcher = HostWatcher(
+            FixedHosts(HOSTS),
+            HostTracker(Cooldown(600.0, 600.0, random.Random(0))),
+            hosts,
+            reports,
+            1.0,
+            lambda: 0.0,
+        )
+        staffing = Staffing(self.fleet, hosts, ["train.py"], lambda w: {}, elastic, print)
+        self.ended: list[tuple[int, str | None]] = []
+        self.spawned: list[str] = []  # the tasks the conductor started, not run here
+        self.conductor = Conductor(
+            settings, fleet=self.fleet, staffing=staffing, rendezvous=self.rendezvous,
+            channels=self.channels, kv=MemoryKeyValueStore(), watcher=watcher,
+            save_soon=lambda: None, spawn=self.spawn,
+            finish=lambda code, message: self.ended.append((code, message)), clock=lambda: 0.0,
+        )  # fmt: skip
+        self.workers = [self.fleet.new_worker("localhost", slot) for slot in range(n)]
+        for worker in self.workers:
+            worker.process, worker.state = Process(), WorkerState.MEMBER  # type: ignore[assignment]
+        self.rendezvous.form([(w.worker_id, "localhost") for w in self.workers])
+        self.streams = {w.worker_id: self.channels.open(w.worker_id) for w in self.workers}
+
+    def spawn(self, coroutine) -> None:
+        self.spawned.append(coroutine.__qualname__)
+        coroutine.close()
+
+    def die(self, index: int, code: int = -9) -> None:
+        worker = self.workers[index]
+        worker.exit_code = code
+        worker.process.signal = -code if code < 0 else None  # type: ignore[union-attr]
+        self.conductor.hear(WorkerExited(worker))
+
+    def wait(self, index: int) -> None:
+        self.conductor.hear(Waiting(self.workers[index].worker_id, self.rendezvous.epoch, 0))
+
+    def heard(self, index: int) -> list[object]:
+        stream = self.streams[self.workers[index].worker_id]
+        return [stream.get_nowait() for _ in range(stream.qsize())]
+
+
+def test_deaths_heard_together_break_the_round_once_and_form_one_round(tmp_path) -> None:
+    async def scenario() -> Harness:
+        job = Harness(4, elastic=True, tmp_path=tmp_path)
+        job.die(0)
+        job.die(1)
+        job.wait(2)
+        job.wait(3)  # the last survivor back: the round forms at once
+        return job
+
+    job = asyncio.run(scenario())
+    assert job.rendezvous.epoch == 2
+    assert job.rendezvous.members == [job.workers[2].worker_id, job.workers[3].worker_id]
+    events = job.heard(2)
+    assert [type(e) for e in events] == [EpochBroken, HostsUpdated]
+    assert (
+        events[0].epoch == 1 and "rank 0 on host localhost was killed by signal" in events[0].reason
+    )
+    assert job.conductor.tally.resets == 1 and job.ended == []
+    reasons = [d.reason for d in job.conductor.decisions]
+    assert reasons[-1].startswith("rank 0 on host localhost was killed by signal SIGKILL")
+    assert "rank 1 on host localhost" in reasons[-1]  # both deaths, one round
+
+
+def test_a_static_job_ends_with_its_first_failure_s_code(tmp_path) -> None:
+    async def scenario() -> Harness:
+        job = Harness(2, elastic=False, tmp_path=tmp_path)
+        job.die(1, code=3)
+        return job
+
+    job = asyncio.run(scenario())
+    assert job.ended == [
+        (3, "rank 1 on host localhost exited with code 3; stopping the other workers")
+    ]
+    assert job.workers[1].state is WorkerState.FAILED
+    assert job.rendezvous.epoch == 1
+
+
+def test_a_member_that_finishes_ends_training_and_stops_joiners(tmp_path) -> None:
+    async def scenario() -> Harness:
+        job = Harness(2, elastic=True, tmp_path=tmp_path)
+        joiner = job.fleet.new_worker("localhost", 3)
+        joiner.process = Process()  # type: ignore[assignment]
+        job.conductor.hear(LeaveAsked(job.workers[0].worker_id, FINISHED, 0))
+        return job
+
+    job = asyncio.run(scenario())
+    assert job.conductor.phase is Phase.FINISHING
+    assert job.workers[0].exiting
+    joiner = list(job.fleet.workers.values())[-1]
+    assert joiner.state is WorkerState.STOPPED
+
+
+@pytest.mark.parametrize("code", [0, 1])
+def test_the_last_member_s_exit_ends_the_job(tmp_path, code: int) -> None:
+    async def scenario() -> Harness:
+        job = Harness(1, elastic=True, tmp_path=tmp_path)
+        job.workers[0].commit = 0
+        job.die(0, code=code)
+        return job
+
+    job = asyncio.run(scenario())
+    assert [c for c, _ in job.ended] == [code]

@@ -1,0 +1,237 @@
+"""What a worker's exit, verdict, failure or wait means: pure decisions, one case per rule."""
+
+from __future__ import annotations
+
+import signal
+from types import SimpleNamespace
+
+import pytest
+
+from elastic.driver.policy.liveness import Verdict
+from elastic.driver.policy.rounds import (
+    NOTHING,
+    AdvanceTo,
+    Arrived,
+    BeginFinishing,
+    BreakRound,
+    CoolDown,
+    FillSlots,
+    Finish,
+    Log,
+    MarkEnded,
+    Phase,
+    RecordFleetLoss,
+    Reform,
+    ReformIfStillWaiting,
+    SeeHandovers,
+    SeeIfEnded,
+    Signal,
+    WaitForWorkers,
+)
+from elastic.driver.policy.workers import caught_up, exited, failed, judged, waiting
+from tests.policy_views import LV, NOW, L, M, S, kinds, view, worker
+
+
+def ended(worker_id: str, state=M, code: int | None = 1, killed_by: int | None = None, **kw):
+    """A worker record whose process ended with `code` (or was killed by `killed_by`)."""
+    record = worker(worker_id, state, **kw)
+    record.process = SimpleNamespace(signal=killed_by)  # type: ignore[assignment]
+    record.exit_code = code
+    return record
+
+
+def pair(dead, **fields):
+    """A two-member round of `dead` (rank 0) and a live r1 (rank 1)."""
+    return view(dead, worker("r1", M, slot=1), members=(dead.worker_id, "r1"), **fields)
+
+
+# --- exits -------------------------------------------------------------------------------
+
+
+def test_a_killed_member_breaks_its_round_cools_its_host_and_the_job_re_forms() -> None:
+    dead = ended("r0", code=-9, killed_by=signal.SIGKILL)
+    decision = exited(pair(dead, round=3), dead, False, NOW)
+    line = "rank 0 on host a was killed by signal SIGKILL (exit code -9)"
+    assert decision.reason == line
+    assert decision.actions == (
+        MarkEnded("r0", failed=True),
+        Log("error", line),
+        CoolDown("a", "was killed by signal SIGKILL (exit code -9)"),
+        BreakRound(3, line),
+        Reform(line, broken=True),
+        FillSlots(),
+        SeeHandovers(),
+    )
+
+
+def test_a_hung_leaver_breaks_the_round_it_left_and_none_is_wanted() -> None:
+    hung = worker("r2", LV, slot=2)
+    job = view(hung, worker("r0", M), worker("r1", M, slot=1), members=("r0", "r1"), round=4)
+    decision = failed(job, hung, "missed 3 heartbeats", NOW)
+    assert kinds(decision) == [MarkEnded, Log, CoolDown, BreakRound, FillSlots, SeeHandovers]
+    assert decision.actions[3] == BreakRound(3, "worker r2 on host a missed 3 heartbeats")
+
+
+def test_the_last_worker_failing_after_a_commit_starts_over() -> None:
+    dead = ended("r0")
+    decision = exited(view(dead, members=("r0",), newest_commit=7), dead, False, NOW)
+    assert kinds(decision)[-4:] == [Log, RecordFleetLoss, WaitForWorkers, FillSlots]
+
+
+def test_the_last_worker_failing_before_any_commit_ends_the_job_with_its_code() -> None:
+    dead = ended("r0", code=3)
+    decision = exited(view(dead, members=("r0",)), dead, False, NOW)
+    message = "every worker of the job failed, with no commit since the job started"
+    assert decision.actions[-1] == Finish(3, message)
+
+
+def test_in_a_static_job_the_first_failure_ends_the_job_with_its_code() -> None:
+    dead = ended("r0", code=4)
+    decision = exited(pair(dead, elastic=None), dead, False, NOW)
+    message = "rank 0 on host a exited with code 4; stopping the other workers"
+    assert decision.actions == (MarkEnded("r0", failed=True), Finish(4, message))
+
+
+def test_a_failure_while_finishing_only_asks_whether_the_job_has_ended() -> None:
+    dead = ended("r0")
+    decision = exited(pair(dead, phase=Phase.FINISHING), dead, False, NOW)
+    assert kinds(decision) == [MarkEnded, Log, CoolDown, SeeIfEnded]
+
+
+@pytest.mark.parametrize(("code", "says"), [(127, "not found"), (126, "not executable")])
+def test_a_command_that_cannot_run_ends_the_job(code: int, says: str) -> None:
+    dead = ended("r0", code=code)
+    decision = exited(pair(dead), dead, False, NOW)
+    assert decision.actions == (Finish(code, decision.reason),)
+    assert f"could not run 'train.py' (exit code {code}: {says})" in decision.reason
+
+
+def test_a_command_that_failed_after_registering_is_a_failure_not_a_bad_command() -> None:
+    dead = ended("r0", code=127, registered=True)
+    assert kinds(exited(pair(dead), dead, False, NOW))[0] is MarkEnded
+
+
+@pytest.mark.parametrize("code", [0, 1])
+def test_a_leaver_that_exits_frees_its_slot(code: int) -> None:
+    gone = ended("r0", LV, code=code)
+    decision = exited(pair(gone), gone, False, NOW)
+    warned = [Log] if code else []
+    assert kinds(decision) == [MarkEnded, *warned, FillSlots]
+    assert decision.actions[0] == MarkEnded("r0", failed=False)
+
+
+def test_a_member_that_finishes_ends_training_for_every_worker() -> None:
+    done = ended("r0", code=0)
+    assert kinds(exited(pair(done), done, False, NOW)) == [MarkEnded, BeginFinishing, SeeIfEnded]
+
+
+def test_a_joiner_that_exits_0_does_not_end_training() -> None:
+    done = ended("j", L, code=0, slot=2)
+    assert kinds(exited(pair(worker("r0", M)), done, False, NOW)) == [MarkEnded, SeeIfEnded]
+
+
+def test_a_member_that_exited_0_while_no_driver_watched_left_and_the_job_re_forms() -> None:
+    gone = ended("r0", code=0)
+    decision = exited(pair(gone), gone, True, NOW)
+    assert kinds(decision) == [MarkEnded, Log, Reform, FillSlots]
+    assert decision.actions[2] == Reform("rank 0 on host a left", broken=False)
+
+
+def test_the_last_worker_exiting_0_unwatched_asks_whether_the_job_ended() -> None:
+    gone = ended("r0", code=0)
+    assert kinds(exited(view(gone, members=("r0",)), gone, True, NOW))[-1] is SeeIfEnded
+
+
+def test_a_stopped_worker_s_exit_is_ignored() -> None:
+    stopped = ended("r0", S)
+    assert exited(pair(stopped), stopped, False, NOW) is NOTHING
+
+
+# --- verdicts ----------------------------------------------------------------------------
+
+
+def test_a_hung_member_is_killed_and_has_failed() -> None:
+    hung = worker("r0", M)
+    decision = judged(pair(hung), hung, Verdict.HUNG, 30.0, NOW)
+    assert decision.actions[:2] == (Signal("r0", kill=True), MarkEnded("r0", failed=True))
+    assert decision.reason == f"rank 0 on host a {Verdict.HUNG.value}"
+
+
+def test_a_lingering_leaver_is_sent_sigterm_only() -> None:
+    leaver = worker("r0", LV)
+    decision = judged(pair(leaver), leaver, Verdict.LINGERING, 30.0, NOW)
+    assert decision.actions == (Signal("r0", kill=False),)
+
+
+def test_a_worker_that_ended_since_it_was_judged_is_left_alone() -> None:
+    gone = ended("r0")
+    gone.state = S
+    assert judged(pair(gone), gone, Verdict.HUNG, 30.0, NOW) is NOTHING
+
+
+def test_a_static_job_whose_worker_did_not_join_ends_naming_every_missing_rank() -> None:
+    late = worker("r0", M)
+    job = view(late, worker("r1", M, slot=1), worker("r2", M, slot=2, joined=True),
+               members=("r0", "r1", "r2"), elastic=None)  # fmt: skip
+    decision = judged(job, late, Verdict.NOT_JOINED, 30.0, NOW)
+    message = "rank(s) [0, 1] did not join the rendezvous within 30 s (--start-timeout)"
+    assert decision.actions == (Signal("r0", kill=True), Finish(1, message))
+
+
+def test_an_elastic_joiner_that_did_not_join_in_time_has_failed() -> None:
+    late = worker("j", L, slot=2)
+    decision = judged(pair(worker("r0", M)), late, Verdict.NOT_JOINED, 30.0, NOW)
+    assert decision.reason == "worker j on host a did not join within 30 s (--start-timeout)"
+    assert CoolDown("a", "did not join within 30 s (--start-timeout)") in decision.actions
+
+
+# --- waits at the rendezvous -------------------------------------------------------------
+
+
+def test_a_member_back_for_a_wanted_round_counts_as_arrived() -> None:
+    back = worker("r0", M)
+    decision = waiting(pair(back, round_wanted=True), back, 1, NOW)
+    assert decision.actions == (Arrived("r0"),)
+
+
+def test_a_member_reporting_a_failed_round_first_re_forms_after_a_heartbeat() -> None:
+    back = worker("r0", M)
+    decision = waiting(pair(back, round=2), back, 2, NOW)
+    assert decision.actions == (ReformIfStillWaiting(2),)
+    assert decision.reason == "rank 0 on host a reports round 2 failed"
+    assert waiting(pair(back, round=2, failures_reported={2}), back, 2, NOW) is NOTHING
+
+
+def test_a_member_waiting_after_an_older_round_changes_nothing() -> None:
+    back = worker("r0", M)
+    assert waiting(pair(back, round=3), back, 2, NOW) is NOTHING
+
+
+def test_the_last_joiner_waiting_completes_the_round() -> None:
+    joiner = worker("j", L, slot=2)
+    job = view(worker("r0", M), worker("r1", M, slot=1), joiner, members=("r0", "r1"),
+               waiting=frozenset({"j"}))  # fmt: skip
+    assert waiting(job, joiner, 1, NOW).reason == "1 worker(s) joined"
+
+
+@pytest.mark.parametrize("fields", [{"elastic": None}, {"phase": Phase.FINISHING}])
+def test_waits_change_nothing_in_a_static_or_finishing_job(fields) -> None:
+    back = worker("r0", M)
+    assert waiting(pair(back, round_wanted=True, **fields), back, 1, NOW) is NOTHING
+
+
+# --- rounds an earlier driver formed -----------------------------------------------------
+
+
+def test_a_worker_in_a_round_never_saved_makes_the_job_re_form_past_it() -> None:
+    decision = caught_up(pair(worker("r0", M), round=5), 7)
+    assert decision.actions[1:] == (
+        AdvanceTo(7),
+        BreakRound(7, "the driver restarted"),
+        Reform("round 7 was never saved", broken=True),
+    )
+    assert "this driver resumed at round 5" in decision.reason
+
+
+def test_a_worker_in_a_known_round_changes_nothing() -> None:
+    assert caught_up(pair(worker("r0", M), round=5), 5) is NOTHING
