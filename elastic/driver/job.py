@@ -327,8 +327,7 @@ class Job:
         for worker in workers:
             worker.state = WorkerState.MEMBER
         self._journal.save_soon()
-        for worker in workers:
-            await self._staffing.start(worker)
+        await self._staffing.start_all(workers)
         (log.info if self.elastic else log.debug)(
             "round 1: %d worker(s) on %s", len(workers), host_summary(workers)
         )

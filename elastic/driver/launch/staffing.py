@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
@@ -13,6 +14,8 @@ from elastic.driver.policy.planning import free_slots
 from elastic.driver.workers import Worker, WorkerState
 
 log = logging.getLogger("elasticrun")
+
+STARTS_AT_ONCE = 64  # worker starts in flight together
 
 Places = Sequence[tuple[str, int]]  # (hostname, slot index) pairs
 
@@ -72,6 +75,13 @@ class Staffing:
             worker.state = WorkerState.FAILED
             log.error("cannot start a worker on host %s: %s", worker.hostname, err)
             self._host_failed(worker.hostname, str(err))
+
+    async def start_all(self, workers: Sequence[Worker]) -> None:
+        """Start `workers`, `STARTS_AT_ONCE` at a time: ssh sessions to many hosts open
+        side by side, and workers that started register while others are still starting."""
+        for first in range(0, len(workers), STARTS_AT_ONCE):
+            batch = workers[first : first + STARTS_AT_ONCE]
+            await asyncio.gather(*(self.start(worker) for worker in batch))
 
     async def grow(self, places: Places, wanted: Callable[[], bool]) -> list[Worker]:
         """Start a worker on each of `places` whose host ssh reaches and that no live worker
