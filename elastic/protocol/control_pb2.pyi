@@ -63,20 +63,24 @@ class Event(_message.Message):
     def __init__(self, hosts_updated: _Optional[_Union[HostsUpdated, _Mapping]] = ..., epoch_broken: _Optional[_Union[EpochBroken, _Mapping]] = ...) -> None: ...
 
 class HostsUpdated(_message.Message):
-    __slots__ = ("version", "added", "removed", "next_epoch", "slot", "job_commit")
+    __slots__ = ("version", "added", "removed", "next_epoch", "slot", "job_commit", "broken_epoch", "broken_reason")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ADDED_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
     NEXT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
     JOB_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    BROKEN_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BROKEN_REASON_FIELD_NUMBER: _ClassVar[int]
     version: int
     added: _containers.RepeatedScalarFieldContainer[str]
     removed: _containers.RepeatedScalarFieldContainer[str]
     next_epoch: int
     slot: Slot
     job_commit: int
-    def __init__(self, version: _Optional[int] = ..., added: _Optional[_Iterable[str]] = ..., removed: _Optional[_Iterable[str]] = ..., next_epoch: _Optional[int] = ..., slot: _Optional[_Union[Slot, _Mapping]] = ..., job_commit: _Optional[int] = ...) -> None: ...
+    broken_epoch: int
+    broken_reason: str
+    def __init__(self, version: _Optional[int] = ..., added: _Optional[_Iterable[str]] = ..., removed: _Optional[_Iterable[str]] = ..., next_epoch: _Optional[int] = ..., slot: _Optional[_Union[Slot, _Mapping]] = ..., job_commit: _Optional[int] = ..., broken_epoch: _Optional[int] = ..., broken_reason: _Optional[str] = ...) -> None: ...
 
 class Slot(_message.Message):
     __slots__ = ("hostname", "rank", "local_rank", "cross_rank", "size", "local_size", "cross_size")

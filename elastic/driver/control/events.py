@@ -13,12 +13,19 @@ from elastic.protocol.http import SlotInfo
 
 @dataclass(frozen=True)
 class HostsUpdated:
-    """Epoch `next_epoch` is formed; incumbents move to it at their next commit."""
+    """Epoch `next_epoch` is formed; incumbents move to it at their next commit.
+
+    With `broken_epoch` (> 0) it is also the word that round `broken_epoch` is broken, for
+    `broken_reason`: the worker acts on it as on an `EpochBroken` before it takes its slot,
+    so a death costs each survivor one event, not two.
+    """
 
     version: int
     next_epoch: int
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
+    broken_epoch: int = 0
+    broken_reason: str = ""
 
 
 @dataclass(frozen=True)
