@@ -454,6 +454,9 @@ class ControlClient:
             self._stop.wait(backoff.next())
 
     def _deliver(self, event: pb.Event) -> None:
+        """Record `event` in the `MembershipEvents`. A `HostsUpdated` that carries a broken
+        epoch (`broken_epoch`) counts as an `EpochBroken` of it too, recorded after the
+        slot it offers and before the update."""
         kind = event.WhichOneof("kind")
         if kind == "hosts_updated":
             update = event.hosts_updated
@@ -474,6 +477,8 @@ class ControlClient:
                         update.job_commit,
                     )
                 )
+            if update.broken_epoch:  # after the slot: a collective it aborts finds the slot
+                self._events.break_epoch(update.broken_epoch, update.broken_reason)
             self._events.hosts_updated(
                 HostsUpdate(
                     update.next_epoch, added=bool(update.added), removed=bool(update.removed)
