@@ -6,9 +6,10 @@ as `authorization: Bearer ...`), the `Events` stream (opened, and accepted by th
 joining; reopened with a backoff when it ends), the `Heartbeats` stream (one message every
 heartbeat interval: the epoch it is in, commit 0; reopened with a backoff when it ends), and
 round 1 from its launch (`first_round`: its slot was in its environment) or
-`POST /v1/rendezvous/join` until `formed`. On `EpochBroken` of
-its epoch or `HostsUpdated` to a newer one it joins again with `after_epoch` = its epoch at
-once (a real worker does so at its next collective or commit): it takes the slot a
+`POST /v1/rendezvous/join` until `formed`. On `EpochBroken` of its epoch (or a
+`HostsUpdated` that carries it) or `HostsUpdated` to a newer one it joins again with
+`after_epoch` = its epoch at once (a real worker does so at its next collective or commit):
+it takes the slot a
 `HostsUpdated` carried, waiting up to `OFFER_WAIT` for one after `EpochBroken`, as
 `elastic.worker.runtime` does, and joins over HTTP only without one. No process group, no
 torch.
@@ -398,7 +399,8 @@ class SimWorker:
         kind = event.WhichOneof("kind")
         if kind == "epoch_broken":
             self._broken = max(self._broken, event.epoch_broken.epoch)
-        elif kind == "hosts_updated":
+        elif kind == "hosts_updated":  # it may also break a round, as `EpochBroken` does
+            self._broken = max(self._broken, event.hosts_updated.broken_epoch)
             self._update = max(self._update, event.hosts_updated.next_epoch)
             if event.hosts_updated.HasField("slot"):
                 self._offer = max(self._offer, event.hosts_updated.next_epoch)

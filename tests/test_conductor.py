@@ -25,10 +25,11 @@ from elastic.driver.launch.host_access import HostAccess
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.launch.staffing import Staffing
 from elastic.driver.policy.rounds import Phase
+from elastic.driver.rendezvous.batcher import ROUND_AFTER_DEATH
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.reports import LeaveAsked, Reports, Waiting, WorkerExited
 from elastic.driver.settings import ElasticSettings, Settings
-from elastic.driver.workers import WorkerState
+from elastic.driver.workers import Worker, WorkerState
 from elastic.protocol.leave import FINISHED
 
 HOSTS = [HostSpec("localhost", 4)]
@@ -51,10 +52,10 @@ class Process:
 class Harness:
     """A conductor over `n` members of round 1 on HOSTS, and what it ended the job with."""
 
-    def __init__(self, n: int, elastic: bool, tmp_path) -> None:
+    def __init__(self, n: int, elastic: bool, tmp_path, min_np: int = 1) -> None:
         settings = Settings(
             np=n, hosts=HOSTS, command=["train.py"],
-            elastic=ElasticSettings(1, n, None, cooldown_range=(600.0, 600.0))
+            elastic=ElasticSettings(min_np, n, None, cooldown_range=(600.0, 600.0))
             if elastic else None,
         )  # fmt: skip
         reports: Reports = asyncio.Queue()
@@ -115,15 +116,56 @@ def test_deaths_heard_together_break_the_round_once_and_form_one_round(tmp_path)
     job = asyncio.run(scenario())
     assert job.rendezvous.epoch == 2
     assert job.rendezvous.members == [job.workers[2].worker_id, job.workers[3].worker_id]
-    events = job.heard(2)
-    assert [type(e) for e in events] == [EpochBroken, HostsUpdated]
-    assert (
-        events[0].epoch == 1 and "rank 0 on host localhost was killed by signal" in events[0].reason
-    )
+    (event,) = job.heard(2)  # one event both breaks round 1 and announces round 2
+    assert isinstance(event, HostsUpdated)
+    assert (event.broken_epoch, event.next_epoch) == (1, 2)
+    assert "rank 0 on host localhost was killed by signal" in event.broken_reason
     assert job.conductor.tally.resets == 1 and job.ended == []
     reasons = [d.reason for d in job.conductor.decisions]
     assert reasons[-1].startswith("rank 0 on host localhost was killed by signal SIGKILL")
     assert "rank 1 on host localhost" in reasons[-1]  # both deaths, one round
+
+
+def test_survivors_of_a_death_hear_one_event_that_breaks_the_round_and_places_them(
+    tmp_path,
+) -> None:
+    async def scenario() -> tuple[Harness, Worker]:
+        job = Harness(3, elastic=True, tmp_path=tmp_path)
+        joiner = job.fleet.new_worker("localhost", 3)  # started, not yet at the rendezvous
+        joiner.process = Process()  # type: ignore[assignment]
+        job.streams[joiner.worker_id] = job.channels.open(joiner.worker_id)
+        job.die(0)
+        # The survivors are blocked in a collective of round 1: none comes back by itself,
+        # so the round forms when the batcher's window ends.
+        await asyncio.sleep(ROUND_AFTER_DEATH * 4)
+        return job, joiner
+
+    job, joiner = asyncio.run(scenario())
+    survivors = [job.workers[1].worker_id, job.workers[2].worker_id]
+    assert job.rendezvous.epoch == 2 and job.rendezvous.members == survivors
+    reason = "rank 0 on host localhost was killed by signal SIGKILL (exit code -9)"
+    for index in (1, 2):
+        (event,) = job.heard(index)
+        assert isinstance(event, HostsUpdated)
+        assert (event.next_epoch, event.broken_epoch, event.broken_reason) == (2, 1, reason)
+        assert job.rendezvous.slot_of(job.workers[index].worker_id) is not None
+    # A live worker that was no member of round 1 gets the word on its own.
+    assert [job.streams[joiner.worker_id].get_nowait()] == [EpochBroken(1, reason)]
+    assert job.heard(0) == []  # the dead one
+
+
+def test_every_live_worker_hears_the_break_when_no_round_can_form(tmp_path) -> None:
+    async def scenario() -> Harness:
+        job = Harness(3, elastic=True, tmp_path=tmp_path, min_np=3)
+        job.die(0)
+        await asyncio.sleep(ROUND_AFTER_DEATH * 4)  # the window ends: 2 workers, 3 needed
+        return job
+
+    job = asyncio.run(scenario())
+    assert job.rendezvous.epoch == 1 and job.conductor.phase is Phase.SHORT
+    reason = "rank 0 on host localhost was killed by signal SIGKILL (exit code -9)"
+    for index in (1, 2):
+        assert job.heard(index) == [EpochBroken(1, reason)]
 
 
 def test_a_static_job_ends_with_its_first_failure_s_code(tmp_path) -> None:

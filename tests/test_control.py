@@ -103,6 +103,7 @@ class Driver:
     def __init__(self) -> None:
         self.listener = RecordingListener()
         self.placements: dict[tuple[str, int], tuple[SlotInfo, int]] = {}  # the slots it sends
+        self.placing_for = 0.0  # seconds finding a slot takes (a durable backend saves first)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -113,6 +114,8 @@ class Driver:
 
     def start(self, port: int = 0) -> ControlServer:
         async def placement(worker_id: str, epoch: int) -> tuple[SlotInfo, int] | None:
+            if self.placing_for:
+                await asyncio.sleep(self.placing_for)
             return self.placements.get((worker_id, epoch))
 
         server = ControlServer(
@@ -240,6 +243,105 @@ def test_a_new_round_brings_the_workers_slot_in_it_when_the_driver_gives_one(
     assert wait_until(lambda: events.pending_update(4)) == HostsUpdate(5, True, True)
     assert events.offer_after(4) is None, "without a slot the worker joins over HTTP"
     assert events.offer_after(3) == Offer(4, slot, job_commit=7)
+
+
+class NeverDone:
+    """A collective blocked on a hung peer: every wait slice times out, as Gloo's does."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        time.sleep(0.01)
+        raise RuntimeError("Operation timed out!")
+
+
+def test_a_new_round_that_breaks_the_old_one_aborts_a_blocked_collective(
+    driver: Driver, clients: list[ControlClient]
+) -> None:
+    """One `HostsUpdated` carrying the broken round does what `EpochBroken` does (the blocked
+    collective gives up) and brings the slot, so the survivor needs no HTTP join."""
+    import torch
+
+    from elastic.worker import context
+    from elastic.worker.collectives import _wait
+    from elastic.worker.errors import WorkerLostError
+
+    _, events = start_client(driver, clients, "w1")
+    driver.listener.wait_for("stream_opened", "w1")
+    slot = SlotInfo(
+        hostname="h1", rank=0, local_rank=0, cross_rank=0, size=2, local_size=1, cross_size=2
+    )
+    driver.placements[("w1", 4)] = (slot, 7)
+    here = SlotInfo(
+        hostname="h1", rank=1, local_rank=0, cross_rank=1, size=3, local_size=1, cross_size=3
+    )
+    ctx = context.WorkerContext(
+        slot=here,
+        epoch=3,
+        group=None,  # type: ignore[arg-type]
+        device=torch.device("cpu"),
+        events=events,
+        timeout=10.0,  # a collective that is never aborted fails the test, not hangs it
+    )
+    context.activate(ctx)
+    try:
+        update = HostsUpdated(
+            version=3, next_epoch=4, removed=("h0",), broken_epoch=3, broken_reason="h0 died"
+        )
+        driver.loop.call_soon_threadsafe(
+            driver.loop.call_later, 0.2, driver.listener.queues["w1"].put_nowait, update
+        )  # while the collective below is blocked
+        with pytest.raises(WorkerLostError, match="round 3 is broken: h0 died"):
+            _wait(NeverDone())  # type: ignore[arg-type]
+    finally:
+        context.activate(None)
+    assert events.offer_after(3) == Offer(4, slot, job_commit=7)
+    assert events.pending_update(3) == HostsUpdate(4, False, True)
+
+
+def test_a_new_round_that_breaks_the_old_one_is_one_message_on_the_wire(driver: Driver) -> None:
+    slot = SlotInfo(
+        hostname="h1", rank=0, local_rank=0, cross_rank=0, size=2, local_size=1, cross_size=2
+    )
+    driver.placements[("w1", 4)] = (slot, 7)
+    channel = grpc.insecure_channel(driver.server.address)
+    try:
+        stream = pb_grpc.ControlStub(channel).Events(
+            pb.EventsRequest(worker_id="w1"), metadata=AUTH
+        )
+        stream.initial_metadata()
+        driver.send("w1", HostsUpdated(3, 4, broken_epoch=3, broken_reason="h0 died"))
+        driver.send("w1", EpochBroken(4, "h1 died"))  # the next message
+        first, second = next(stream), next(stream)
+        stream.cancel()
+    finally:
+        channel.close()
+    update = first.hosts_updated
+    assert (update.next_epoch, update.broken_epoch, update.broken_reason) == (4, 3, "h0 died")
+    assert update.slot.rank == 0 and update.job_commit == 7
+    assert second.epoch_broken.epoch == 4
+
+
+def test_a_slow_slot_does_not_hold_up_the_word_that_a_round_is_broken(driver: Driver) -> None:
+    """A durable backend saves the new round before its slots are sent: while that takes
+    long, the break goes out on its own first, then the slot."""
+    slot = SlotInfo(
+        hostname="h1", rank=0, local_rank=0, cross_rank=0, size=2, local_size=1, cross_size=2
+    )
+    driver.placements[("w1", 4)] = (slot, 7)
+    driver.placing_for = 1.0
+    channel = grpc.insecure_channel(driver.server.address)
+    try:
+        stream = pb_grpc.ControlStub(channel).Events(
+            pb.EventsRequest(worker_id="w1"), metadata=AUTH
+        )
+        stream.initial_metadata()
+        driver.send("w1", HostsUpdated(3, 4, broken_epoch=3, broken_reason="h0 died"))
+        first, second = next(stream), next(stream)
+        stream.cancel()
+    finally:
+        channel.close()
+    assert (first.epoch_broken.epoch, first.epoch_broken.reason) == (3, "h0 died")
+    update = second.hosts_updated
+    assert update.next_epoch == 4 and update.broken_epoch == 0 and update.slot.rank == 0
 
 
 def test_a_killed_client_process_closes_its_stream_promptly(driver: Driver) -> None:

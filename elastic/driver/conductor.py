@@ -80,8 +80,9 @@ class Conductor:
         self._rendezvous, self._channels, self._watcher = rendezvous, channels, watcher
         self._save_soon, self._spawn, self._finish, self._clock = save_soon, spawn, finish, clock
         self.rounds = RoundKeeper(
-            rendezvous, channels, kv, self._workers, self._form_wanted_round, spawn
-        )
+            rendezvous, channels, kv, self._workers, self._form_wanted_round, spawn,
+            alive=lambda: [w.worker_id for w in fleet.alive()],
+        )  # fmt: skip
         self.phase = Phase.RUNNING
         self.tally = Tally()
         self.decisions: deque[DecisionRecord] = deque(maxlen=DECISIONS_KEPT)
@@ -228,8 +229,7 @@ class Conductor:
         elif isinstance(action, policy.CoolDown):
             self._watcher.host_failed(action.hostname, action.why)
         elif isinstance(action, policy.BreakRound):
-            alive = [w.worker_id for w in self._fleet.alive()]
-            self.rounds.break_round(action.number, action.why, alive)
+            self.rounds.break_round(action.number, action.why)
         elif isinstance(action, policy.Reform):
             self._reform(action.why, action.broken)
         elif isinstance(action, policy.Arrived):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 
 MAX_ID_LENGTH = 256
 MAX_REASON_LENGTH = 4096
+# Seconds a `HostsUpdated` that breaks a round waits for the worker's slot (a durable
+# backend saves the round first) before the break is written on its own.
+BREAK_HELD_FOR = 0.05
 
 _SERVER_OPTIONS = [
     # Fail on a port already taken instead of sharing it with another server.
@@ -72,6 +76,8 @@ def event_to_proto(event: ControlEvent, placed: tuple[SlotInfo, int] | None = No
             next_epoch=event.next_epoch,
             added=list(event.added),
             removed=list(event.removed),
+            broken_epoch=event.broken_epoch,
+            broken_reason=event.broken_reason,
         )
         if placed is not None:
             slot, update.job_commit = placed
@@ -80,6 +86,28 @@ def event_to_proto(event: ControlEvent, placed: tuple[SlotInfo, int] | None = No
     if isinstance(event, EpochBroken):
         return pb.Event(epoch_broken=pb.EpochBroken(epoch=event.epoch, reason=event.reason))
     raise TypeError(f"not a control event: {event!r}")
+
+
+async def _place_breaking(
+    context: aio.ServicerContext[Any, Any],
+    placement: Placement,
+    worker_id: str,
+    event: HostsUpdated,
+) -> tuple[HostsUpdated, tuple[SlotInfo, int] | None]:
+    """The slot for a `HostsUpdated` that also breaks a round. The word that the round is
+    broken must not wait on a slow save of the new round (a durable backend's, up to seconds):
+    if the slot is not known within `BREAK_HELD_FOR`, an `EpochBroken` is written at once and
+    the update goes on without the word. Returns the update to write and its slot."""
+    placing = asyncio.ensure_future(placement(worker_id, event.next_epoch))
+    try:
+        done, _ = await asyncio.wait((placing,), timeout=BREAK_HELD_FOR)
+        if not done:
+            broken = EpochBroken(event.broken_epoch, event.broken_reason)
+            await context.write(event_to_proto(broken))
+            event = dataclasses.replace(event, broken_epoch=0, broken_reason="")
+        return event, await placing
+    finally:
+        placing.cancel()  # the stream ended meanwhile (no-op once placed)
 
 
 class _TokenCheck(aio.ServerInterceptor):
@@ -281,7 +309,10 @@ class _ControlService(pb_grpc.ControlServicer):
                 event = await queue.get()
                 placed = None
                 if placement is not None and isinstance(event, HostsUpdated):
-                    placed = await placement(worker_id, event.next_epoch)
+                    if event.broken_epoch:
+                        event, placed = await _place_breaking(context, placement, worker_id, event)
+                    else:
+                        placed = await placement(worker_id, event.next_epoch)
                 await context.write(event_to_proto(event, placed))
         except asyncio.CancelledError:
             if not self._stopping.is_set():
@@ -301,7 +332,8 @@ class ControlServer:
     Every call needs `authorization: Bearer <token>` (else UNAUTHENTICATED). A listener
     answering False becomes NOT_FOUND; a listener raising becomes UNAVAILABLE (the worker
     retries). With `placement`, each `HostsUpdated` written to a worker carries the worker's
-    slot in that epoch when `placement` gives one (the worker then needs no HTTP join).
+    slot in that epoch when `placement` gives one (the worker then needs no HTTP join); one
+    that also breaks a round waits at most `BREAK_HELD_FOR` for it (see `_place_breaking`).
     Runs on the event loop that calls `start`.
     """
 

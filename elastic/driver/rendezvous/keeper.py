@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
@@ -25,8 +26,9 @@ class RoundKeeper:
     what workers hear of them on their control channels.
 
     `form` tells the previous round's live members which hosts came and went; `break_round`
-    tells every live worker, once per round, that a round is of no use any more: one blocked
-    in a collective of it gives up at the first word.
+    tells every live worker (`alive()`), once per round, that a round is of no use any more:
+    one blocked in a collective of it gives up at the first word. After a death that word
+    and the next round go out together, one event per survivor (see `break_round`).
     """
 
     def __init__(
@@ -37,14 +39,18 @@ class RoundKeeper:
         workers: Mapping[str, Worker],
         form_wanted: Callable[[list[str]], None],
         spawn: Spawn,
+        alive: Callable[[], Iterable[str]],
     ) -> None:
         self.rendezvous = rendezvous
-        self.batcher = RoundBatcher(form_wanted)
+        self.batcher = RoundBatcher(self._form_wanted)
+        self._form_wanted_now = form_wanted
         self._channels = channels
         self._kv = kv
         self._workers = workers
         self._spawn = spawn
+        self._alive = alive
         self._broken: set[int] = set()
+        self._held: EpochBroken | None = None  # the current round's break, told with the next
 
     def want(self, why: str, awaited: Callable[[], set[str]] | None) -> None:
         """Ask for the next round for `why`; `awaited`: the round is broken, and the next
@@ -66,25 +72,67 @@ class RoundKeeper:
         # Nobody can still use the keys of the round before the previous one: drop them.
         self._spawn(self._kv.delete_prefix(Rendezvous.epoch_prefix(number - 2)))
         before, after = set(previous), set(members)  # sets: O(N), not O(N²), per round
+        held, self._held = self._held, None
         update = HostsUpdated(
             update_version,
             number,
             tuple(workers[w].hostname for w in members if w not in before),
             tuple(workers[w].hostname for w in previous if w not in after),
+            broken_epoch=held.epoch if held is not None else 0,
+            broken_reason=held.reason if held is not None else "",
         )
-        self._channels.send(update, [w for w in previous if workers[w].state.alive])
+        told = [w for w in previous if workers[w].state.alive]
+        self._channels.send(update, told)
+        if held is not None:  # joiners and older rounds' leavers: the word on its own
+            heard = set(told)
+            self._channels.send(held, [w for w in self._alive() if w not in heard])
         summary = host_summary([workers[w] for w in members])
         log.info("round %d: %d worker(s) on %s (%s)", number, len(members), summary, why)
         return number
 
-    def break_round(self, number: int, why: str, alive: Iterable[str]) -> None:
-        """Tell the `alive` workers that round `number` is broken (once per round)."""
-        if number not in self._broken:
-            self._broken.add(number)
-            self._channels.send(EpochBroken(number, why), alive)
+    def break_round(self, number: int, why: str) -> None:
+        """Tell the live workers that round `number` is broken (once per round).
+
+        The break of the current round is held while its successor is wanted (asked for in
+        the same decision; at most the batcher's window, `ROUND_AFTER_DEATH`): `form` then
+        sends the broken round's live members one `HostsUpdated` that carries both the break
+        and their slot, and the other live workers an `EpochBroken`. When no round is wanted,
+        or none forms when the window ends (too few workers: the job waits), every live
+        worker gets an `EpochBroken`. An older round's break is sent at once."""
+        if number in self._broken:
+            return
+        self._broken.add(number)
+        word = EpochBroken(number, why)
+        if number != self.rendezvous.epoch:
+            self._channels.send(word, self._alive())
+            return
+        if self._held is None or number > self._held.epoch:
+            self._held = word
+        # The decision that broke it asks for the next round next, in the same turn.
+        asyncio.get_running_loop().call_soon(self._release_unless_wanted)
 
     def cancel(self) -> None:
+        """No round is wanted any more; a held break is told at once."""
         self.batcher.cancel()
+        self._release()
+
+    def _form_wanted(self, reasons: list[str]) -> None:
+        """The batcher's window ended: form the wanted round if the policy will, and tell a
+        break that no round carried."""
+        try:
+            self._form_wanted_now(reasons)
+        finally:
+            self._release()
+
+    def _release_unless_wanted(self) -> None:
+        if not self.batcher.pending:
+            self._release()
+
+    def _release(self) -> None:
+        """Send a held break, if any, as an `EpochBroken` to every live worker."""
+        held, self._held = self._held, None
+        if held is not None:
+            self._channels.send(held, self._alive())
 
     def _is_alive(self, worker_id: str) -> bool:
         return self._workers[worker_id].state.alive
