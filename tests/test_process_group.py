@@ -8,6 +8,7 @@ counter, so both must start from the same name (soak seed 1 stalled with names "
 from __future__ import annotations
 
 import multiprocessing
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -56,3 +57,103 @@ def test_a_group_forms_with_a_fresh_joiner_after_a_failed_attempt(tmp_path: Path
         joiner.join(timeout=30)
         if joiner.is_alive():
             joiner.kill()
+
+
+class PatientStore(dist.Store):
+    """A FileStore whose waits last at least `floor`, as a `DriverStore`'s do (Gloo passes
+    its shorter connection timeout)."""
+
+    def __init__(self, path: str, floor: timedelta = timedelta(seconds=30)) -> None:
+        super().__init__()
+        self._store = dist.FileStore(path, 2)
+        self._floor = floor
+
+    def set(self, key, value):
+        self._store.set(key, value)
+
+    def get(self, key):
+        return self._store.get(key)
+
+    def add(self, key, amount):
+        return self._store.add(key, amount)
+
+    def check(self, keys):
+        return self._store.check(keys)
+
+    def num_keys(self):
+        return self._store.num_keys()
+
+    def delete_key(self, key):
+        return self._store.delete_key(key)
+
+    def compare_set(self, key, expected, desired):
+        return self._store.compare_set(key, expected, desired)
+
+    def wait(self, keys, timeout=None):
+        self._store.wait(keys, max(timeout or self._floor, self._floor))
+
+
+def _late_peer(store_path: str, result: multiprocessing.Queue) -> None:
+    store = PatientStore(store_path)
+    try:
+        create_group(store, 1, 2, CPU, timedelta(seconds=30), timedelta(seconds=1))
+        time.sleep(3)  # longer than the connection timeout: collectives must not mind
+        tensor = torch.ones(1)
+        dist.all_reduce(tensor)
+        result.put(float(tensor.item()))
+    except Exception as err:  # reported to the test, which fails with it
+        result.put(repr(err))
+    finally:
+        abandon_group()
+
+
+def _gone_peer(store_path: str) -> None:
+    """Publish rank 1's address as Gloo does, then die before connecting."""
+    create_group(PatientStore(store_path), 1, 2, CPU, timedelta(seconds=30), timedelta(seconds=1))
+
+
+def test_the_group_s_collectives_wait_the_full_timeout_not_the_connection_s(
+    tmp_path: Path,
+) -> None:
+    context = multiprocessing.get_context("spawn")
+    result: multiprocessing.Queue = context.Queue()
+    path = str(tmp_path / "epoch-1")
+    peer = context.Process(target=_late_peer, args=(path, result))
+    peer.start()
+    try:
+        create_group(PatientStore(path), 0, 2, CPU, timedelta(seconds=30), timedelta(seconds=1))
+        tensor = torch.ones(1)
+        dist.all_reduce(tensor)  # waits ~3 s for the peer: more than the connection timeout
+        assert tensor.item() == 2.0
+        assert result.get(timeout=30) == 2.0
+    finally:
+        abandon_group()
+        peer.join(timeout=30)
+        if peer.is_alive():
+            peer.kill()
+
+
+def test_a_peer_that_dies_while_the_ranks_connect_fails_the_group_within_the_connection_timeout(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 publishes its address and is SIGKILLed while rank 0 connects to it: rank 0 raises
+    RuntimeError after the connection timeout, not after the group's 60 s."""
+    context = multiprocessing.get_context("spawn")
+    path = str(tmp_path / "epoch-1")
+    store = PatientStore(path)
+    peer = context.Process(target=_gone_peer, args=(path,))
+    peer.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and store.num_keys() < 2:
+            time.sleep(0.05)  # rank 1 has written its address
+        peer.kill()
+        peer.join(timeout=10)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="connectFullMesh"):
+            create_group(store, 0, 2, CPU, timedelta(seconds=60), timedelta(seconds=2))
+        assert time.monotonic() - start < 30
+        assert not dist.is_initialized()
+    finally:
+        if peer.is_alive():
+            peer.kill()

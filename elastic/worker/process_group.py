@@ -24,20 +24,35 @@ def backend_for(device: torch.device) -> str:
     return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
 
 
+CONNECT_TIMEOUT = timedelta(seconds=10)  # for the ranks' connections, once all are there
+
+
 def create_group(
-    store: dist.Store, rank: int, size: int, device: torch.device, timeout: timedelta
+    store: dist.Store,
+    rank: int,
+    size: int,
+    device: torch.device,
+    timeout: timedelta,
+    connect_timeout: timedelta = CONNECT_TIMEOUT,
 ) -> dist.ProcessGroup:
     """Form the default process group over `store`; every rank of the epoch must call this.
 
-    Raises RuntimeError or TimeoutError if a peer does not arrive within `timeout`, and the
-    store's `EpochSuperseded` if a newer epoch forms meanwhile.
+    Waiting for the other ranks to publish their addresses lasts as long as the store waits
+    (a `DriverStore`: `timeout`, or its `EpochSuperseded` as soon as a newer epoch forms).
+    The connections between the ranks must then complete within `connect_timeout` (at most
+    `timeout`): a peer that published its address and then died or stopped makes Gloo retry
+    its connection, and this raises RuntimeError then rather than after `timeout`. The
+    group's collectives get `timeout`. Raises RuntimeError or TimeoutError if a peer does not
+    arrive within the store's wait.
     """
     _reset_group_names()
     dist.init_process_group(
-        backend=backend_for(device), store=store, rank=rank, world_size=size, timeout=timeout
-    )
+        backend=backend_for(device), store=store, rank=rank, world_size=size,
+        timeout=min(timeout, connect_timeout),
+    )  # fmt: skip
     group = dist.group.WORLD
     assert group is not None
+    dist.distributed_c10d._set_pg_timeout(timeout, group)
     return group
 
 

@@ -141,7 +141,8 @@ def _enter_next_epoch(
     """Join the first epoch after `after_epoch` (waiting up to `join_timeout` seconds for it)
     and form its process group.
 
-    A newer epoch forming while the group forms (a peer died meanwhile) makes it join again.
+    A newer epoch forming while the group forms (a peer died meanwhile), or a peer that goes
+    away while the ranks connect (see `create_group`), makes it join a later epoch.
     The slot the driver sent on the event stream (`MembershipEvents.offer_after`), if any,
     is taken without asking; after a broken epoch it is awaited for up to `OFFER_WAIT` s,
     and only then is the epoch joined over HTTP.
@@ -162,6 +163,10 @@ def _enter_next_epoch(
         try:
             group = create_group(store, slot.rank, slot.size, device, timeout)
         except EpochSuperseded:
+            after_epoch = epoch
+            continue
+        except RuntimeError as err:  # a peer went away while the ranks connected
+            log.warning("rank %d: forming round %d failed (%s); re-joining", slot.rank, epoch, err)
             after_epoch = epoch
             continue
         context.activate(

@@ -96,7 +96,9 @@ class DriverStore(dist.Store):
         return self._client.post("/v1/kv/num_keys", request, CountResponse).count
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        limit = (timeout or self._timeout).total_seconds()
+        """Wait for `keys`, at least this store's own timeout (Gloo passes its connection
+        timeout, shorter: see `create_group`), and `EpochSuperseded` once a newer round forms."""
+        limit = max(timeout or self._timeout, self._timeout).total_seconds()
         deadline = time.monotonic() + limit
         while True:
             poll = max(0.0, min(_POLL, deadline - time.monotonic()))
