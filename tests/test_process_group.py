@@ -23,10 +23,16 @@ pytestmark = pytest.mark.timeout(120)
 CPU = torch.device("cpu")
 
 
-def _fresh_joiner(store_path: str, result: multiprocessing.Queue) -> None:
-    store = dist.FileStore(store_path, 2)
+def _rank_1(store_path: str, result: multiprocessing.Queue, patient: bool = False) -> None:
+    """Form the group as rank 1 and all-reduce a one; `patient`: over a `PatientStore`, with
+    a 1 s connection timeout, waiting 3 s (longer) before the all-reduce."""
+    store = PatientStore(store_path) if patient else dist.FileStore(store_path, 2)
     try:
-        create_group(store, 1, 2, CPU, timedelta(seconds=20))
+        if patient:
+            create_group(store, 1, 2, CPU, timedelta(seconds=30), timedelta(seconds=1))
+            time.sleep(3)  # longer than the connection timeout: collectives must not mind
+        else:
+            create_group(store, 1, 2, CPU, timedelta(seconds=20))
         tensor = torch.ones(1)
         dist.all_reduce(tensor)
         result.put(float(tensor.item()))
@@ -44,7 +50,7 @@ def test_a_group_forms_with_a_fresh_joiner_after_a_failed_attempt(tmp_path: Path
 
     context = multiprocessing.get_context("spawn")
     result: multiprocessing.Queue = context.Queue()
-    joiner = context.Process(target=_fresh_joiner, args=(str(tmp_path / "epoch-2"), result))
+    joiner = context.Process(target=_rank_1, args=(str(tmp_path / "epoch-2"), result))
     joiner.start()
     try:
         create_group(dist.FileStore(str(tmp_path / "epoch-2"), 2), 0, 2, CPU, timedelta(seconds=20))
@@ -93,20 +99,6 @@ class PatientStore(dist.Store):
         self._store.wait(keys, max(timeout or self._floor, self._floor))
 
 
-def _late_peer(store_path: str, result: multiprocessing.Queue) -> None:
-    store = PatientStore(store_path)
-    try:
-        create_group(store, 1, 2, CPU, timedelta(seconds=30), timedelta(seconds=1))
-        time.sleep(3)  # longer than the connection timeout: collectives must not mind
-        tensor = torch.ones(1)
-        dist.all_reduce(tensor)
-        result.put(float(tensor.item()))
-    except Exception as err:  # reported to the test, which fails with it
-        result.put(repr(err))
-    finally:
-        abandon_group()
-
-
 def _gone_peer(store_path: str) -> None:
     """Publish rank 1's address as Gloo does, then die before connecting."""
     create_group(PatientStore(store_path), 1, 2, CPU, timedelta(seconds=30), timedelta(seconds=1))
@@ -118,7 +110,7 @@ def test_the_group_s_collectives_wait_the_full_timeout_not_the_connection_s(
     context = multiprocessing.get_context("spawn")
     result: multiprocessing.Queue = context.Queue()
     path = str(tmp_path / "epoch-1")
-    peer = context.Process(target=_late_peer, args=(path, result))
+    peer = context.Process(target=_rank_1, args=(path, result, True))
     peer.start()
     try:
         create_group(PatientStore(path), 0, 2, CPU, timedelta(seconds=30), timedelta(seconds=1))
