@@ -1,4 +1,4 @@
-"""One job's lifecycle: serve the rendezvous, launch workers, hear their reports, re-form, end.
+"""One job's lifecycle: build its parts, serve, launch the first round, resume, end.
 
 A static job (no discovery, no `--min-np`) is the degenerate elastic job: its hosts are fixed
 and the first failure ends it. An elastic job re-forms after every failure, join and leave.
@@ -61,7 +61,8 @@ log = logging.getLogger("elasticrun")
 
 
 class Job:
-    """Owns one job's lifecycle, from launch to its end; its parts report, `Job` decides.
+    """Owns one job's lifecycle, from launch to its end; between the two, its parts report to
+    one queue and the `Conductor` acts on each report.
 
     `run()` returns the launcher's exit code: 0 when every worker of the current round exits
     0; in a static job the first failing worker's code (the others are stopped: SIGTERM, then
