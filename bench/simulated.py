@@ -3,8 +3,8 @@
 A simulated worker does on the wire what `elastic.worker.runtime.init` and the elastic run loop
 do, with the worker's own timeouts, retries and gRPC channel options: gRPC `Register` (job token
 as `authorization: Bearer ...`), the `Events` stream (opened, and accepted by the driver, before
-joining; reopened with a backoff when it ends), the `Heartbeats` stream (one message every
-heartbeat interval: the epoch it is in, commit 0; reopened with a backoff when it ends), and
+joining; reopened with a backoff when it ends), heartbeats on the port that stream names (one
+every heartbeat interval: the epoch it is in, commit 0; reconnected with a backoff), and
 round 1 from its launch (`first_round`: its slot was in its environment) or
 `POST /v1/rendezvous/join` until `formed`. On `EpochBroken` of its epoch (or a
 `HostsUpdated` that carries it) or `HostsUpdated` to a newer one it joins again with
@@ -159,6 +159,21 @@ class Backoff:
         self._next = min(2 * self._next, BACKOFF_MAX_S)
 
 
+async def _refusal(reader: asyncio.StreamReader) -> str | None:
+    """The status name of the driver's refusal on a heartbeat connection; None when it closes
+    the connection without one."""
+    from elastic.protocol.beats import REFUSED, FrameError, parse_refused, take_frames
+
+    received = bytearray()
+    with contextlib.suppress(ConnectionError, FrameError):
+        while data := await reader.read(4096):
+            received += data
+            for body in take_frames(received):
+                if body[0] == REFUSED:
+                    return parse_refused(body)[0]
+    return None
+
+
 class Evicted(Exception):
     """The driver answered NOT_FOUND: it declared this worker dead."""
 
@@ -183,6 +198,10 @@ class SimWorker:
         )
         self._stub = pb_grpc.ControlStub(self._channel)
         self._http = HttpConnection(spec["driver_url"], spec["token"])
+        self._token: str = spec["token"]
+        self._control_host = spec["control_address"].rpartition(":")[0].strip("[]")
+        self._beat_port = 0  # named by the driver on the event stream
+        self._beat_port_known = asyncio.Event()
         self._interval = 1.0
         self.epoch = 0
         self._broken = 0  # newest EpochBroken epoch seen
@@ -333,42 +352,39 @@ class SimWorker:
             backoff = Backoff()  # pending: poll again
 
     async def _heartbeats(self) -> None:
-        """Keep the `Heartbeats` stream open, one message every heartbeat interval (the
-        worker's schedule); reopen it with the worker's backoff when it ends."""
-        import grpc
-
+        """Send one beat every heartbeat interval (the worker's schedule) to the heartbeat
+        port the event stream named (`elastic.protocol.beats`); connect again with the
+        worker's backoff when the connection ends. A refusal NOT_FOUND: `Evicted`."""
+        from elastic.protocol.beats import beat_frame, hello_frame
         from elastic.worker.retries import Backoff as StreamBackoff
 
+        hello = hello_frame(self._token, self.worker_id)
         backoff = StreamBackoff()
         while True:
-            call = self._stub.Heartbeats(metadata=self._metadata)
-            writer = asyncio.create_task(self._beat_on(call))
+            await self._beat_port_known.wait()
             try:
-                await call.initial_metadata()
-                if not call.done():
-                    backoff.reset()
-                await call  # ended with OK: the driver is stopping
-            except grpc.aio.AioRpcError as err:
-                if err.code() == grpc.StatusCode.NOT_FOUND:
-                    raise Evicted(self.worker_id) from err
-                self._retrying(f"Heartbeats {err.code().name}")
+                reader, writer = await asyncio.open_connection(self._control_host, self._beat_port)
+            except OSError as err:
+                self._retrying(f"heartbeats {type(err).__name__}")
+                await asyncio.sleep(backoff.next())
+                continue
+            backoff.reset()
+            refused = asyncio.create_task(_refusal(reader))
+            try:
+                writer.write(hello)
+                next_beat = time.monotonic()
+                while not refused.done():
+                    writer.write(beat_frame(self.epoch, 0))
+                    next_beat = max(next_beat + self._interval, time.monotonic())
+                    await asyncio.wait({refused}, timeout=next_beat - time.monotonic())
+                code = refused.result()
+                if code == "NOT_FOUND":
+                    raise Evicted(self.worker_id)
+                self._retrying(f"heartbeats {code or 'closed'}")
             finally:
-                writer.cancel()
+                refused.cancel()
+                writer.transport.abort()
             await asyncio.sleep(backoff.next())
-
-    async def _beat_on(self, call: Any) -> None:
-        """Write one heartbeat every interval on `call` until it ends."""
-        import grpc
-
-        from elastic.protocol import control_pb2 as pb
-
-        next_beat = time.monotonic()
-        with contextlib.suppress(asyncio.InvalidStateError, grpc.aio.AioRpcError):
-            while not call.done():
-                request = pb.HeartbeatRequest(worker_id=self.worker_id, epoch=self.epoch, commit=0)
-                await call.write(request)
-                next_beat = max(next_beat + self._interval, time.monotonic())
-                await asyncio.sleep(next_beat - time.monotonic())
 
     async def _events(self) -> None:
         """Consume the event stream; reopen it with the worker's backoff when it ends."""
@@ -383,9 +399,10 @@ class SimWorker:
                 pb.EventsRequest(worker_id=self.worker_id), metadata=self._metadata
             )
             try:
-                await call.initial_metadata()
+                headers = dict(await call.initial_metadata() or ())
                 if not call.done():
                     backoff.reset()
+                    self._aim_heartbeats(headers)
                     self._stream_ready.set()
                 async for event in call:
                     self._deliver(event)
@@ -394,6 +411,13 @@ class SimWorker:
                     raise Evicted(self.worker_id) from err
                 self._retrying(f"Events {err.code().name}")
             await asyncio.sleep(backoff.next())
+
+    def _aim_heartbeats(self, headers: dict[str, Any]) -> None:
+        from elastic.protocol.beats import BEAT_PORT_KEY
+
+        if (port := headers.get(BEAT_PORT_KEY)) is not None:
+            self._beat_port = int(port)
+            self._beat_port_known.set()
 
     def _deliver(self, event: Any) -> None:
         kind = event.WhichOneof("kind")

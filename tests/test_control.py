@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,10 +21,19 @@ from typing import Any
 import grpc
 import pytest
 
+from elastic.driver.control.beats import BeatServer
 from elastic.driver.control.events import ControlEvent, EpochBroken, HostsUpdated
 from elastic.driver.control.server import ControlServer
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
+from elastic.protocol.beats import (
+    BEAT_PORT_KEY,
+    REFUSED,
+    beat_frame,
+    hello_frame,
+    parse_refused,
+    take_frames,
+)
 from elastic.protocol.http import SlotInfo
 from elastic.worker.control import ControlClient, ControlError, WorkerEvicted
 from elastic.worker.membership import HostsUpdate, MembershipEvents, Offer
@@ -397,11 +406,6 @@ def test_calls_without_the_token_are_refused(
         stub = pb_grpc.ControlStub(channel)
         calls: list[tuple[Any, Any]] = [
             (stub.Register, pb.RegisterRequest(worker_id="w", pid=1)),
-            (stub.Heartbeat, pb.HeartbeatRequest(worker_id="w", epoch=1)),
-            (
-                lambda r, **kw: stub.Heartbeats(iter([r]), **kw),
-                pb.HeartbeatRequest(worker_id="w", epoch=1),
-            ),
             (stub.Leave, pb.LeaveRequest(worker_id="w", reason="r")),
             (lambda r, **kw: list(stub.Events(r, **kw)), pb.EventsRequest(worker_id="w")),
             (channel.unary_unary("/elastic.control.v1.Control/Nothing"), b""),
@@ -422,123 +426,161 @@ def test_calls_without_the_token_are_refused(
     assert answer.heartbeat_interval == INTERVAL
 
 
-def test_bad_requests_and_listener_errors_are_answers_not_crashes(driver: Driver) -> None:
-    auth = [("authorization", f"Bearer {TOKEN}")]
-    with grpc.insecure_channel(driver.server.address) as channel:
-        stub = pb_grpc.ControlStub(channel)
-        for request in (
-            pb.HeartbeatRequest(worker_id=""),
-            pb.HeartbeatRequest(worker_id="w" * 999),
-        ):
-            with pytest.raises(grpc.RpcError) as refused:
-                stub.Heartbeat(request, metadata=auth, timeout=5)
-            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        driver.listener.fail_heartbeats = True
-        with pytest.raises(grpc.RpcError) as failed:
-            stub.Heartbeat(pb.HeartbeatRequest(worker_id="w"), metadata=auth, timeout=5)
-        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "RuntimeError" in (failed.value.details() or "")
+class BeatConnection:
+    """A raw connection to the driver's heartbeat port, written frame by frame by the test."""
+
+    def __init__(self, driver: Driver, worker_id: str | None = None, token: str = TOKEN) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", driver.server.beat_port), timeout=10)
+        self._received = bytearray()
+        if worker_id is not None:
+            self.send(hello_frame(token, worker_id))
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def beat(self, round_: int = 0, commit: int = 0) -> None:
+        self.send(beat_frame(round_, commit))
+
+    def refusal(self) -> tuple[str, str] | None:
+        """The REFUSED frame the driver sends before it closes; None if it closes without
+        (a reset too)."""
+        while data := self._recv():
+            self._received += data
+            for body in take_frames(self._received):
+                assert body[0] == REFUSED, body
+                return parse_refused(body)
+        return None
+
+    def _recv(self) -> bytes:
+        try:
+            return self.sock.recv(4096)
+        except ConnectionResetError:
+            return b""
+
+    def close(self) -> None:
+        self.sock.close()
 
 
-class Beats:
-    """The request side of a `Heartbeats` call, written by the test: `send` one message,
-    `end` half-closes."""
-
-    def __init__(self) -> None:
-        self._messages: queue.Queue[pb.HeartbeatRequest | None] = queue.Queue()
-
-    def send(self, worker_id: str, epoch: int = 0, commit: int = 0) -> None:
-        self._messages.put(pb.HeartbeatRequest(worker_id=worker_id, epoch=epoch, commit=commit))
-
-    def end(self) -> None:
-        self._messages.put(None)
-
-    def __iter__(self) -> Iterator[pb.HeartbeatRequest]:
-        while (message := self._messages.get()) is not None:
-            yield message
+@pytest.fixture
+def connections() -> Iterator[list[BeatConnection]]:
+    opened: list[BeatConnection] = []
+    yield opened
+    for connection in opened:
+        connection.close()
 
 
-def open_heartbeats(channel: grpc.Channel, beats: Beats) -> Any:
-    """A `Heartbeats` call fed by `beats`, once the driver has accepted it."""
-    call = pb_grpc.ControlStub(channel).Heartbeats.future(iter(beats), metadata=AUTH, timeout=30)
-    call.initial_metadata()  # the driver sends its headers on accepting the stream
-    return call
-
-
-def test_a_heartbeat_stream_reports_every_message_until_the_worker_half_closes(
-    driver: Driver,
+def test_the_heartbeat_port_reports_every_beat_in_order(
+    driver: Driver, connections: list[BeatConnection]
 ) -> None:
-    beats = Beats()
-    with grpc.insecure_channel(driver.server.address) as channel:
-        call = open_heartbeats(channel, beats)
-        for epoch in (1, 2, 3):
-            beats.send("w1", epoch=epoch, commit=10 * epoch)
-            driver.listener.wait_for("heartbeat", "w1", count=epoch)
-        beats.send("w2", epoch=3)  # each message names its worker
-        driver.listener.wait_for("heartbeat", "w2")
-        beats.end()
-        assert call.result(timeout=10) == pb.HeartbeatResponse()
+    connections.append(one := BeatConnection(driver, "w1"))
+    for round_ in (1, 2, 3):
+        one.beat(round_, commit=10 * round_)
+        driver.listener.wait_for("heartbeat", "w1", count=round_)
+    # Frames cut anywhere by TCP are put together again.
+    connections.append(two := BeatConnection(driver))
+    for byte in hello_frame(TOKEN, "w2") + beat_frame(4, 40):
+        two.send(bytes([byte]))
+    driver.listener.wait_for("heartbeat", "w2")
     heard = [c[2:4] for c in driver.listener.of("heartbeat", "w1")]
     assert heard == [(1, 10), (2, 20), (3, 30)]
+    assert driver.listener.of("heartbeat", "w2")[0][2:4] == (4, 40)
 
 
-def test_a_heartbeat_stream_ends_not_found_once_the_driver_knows_no_such_worker(
-    driver: Driver,
+def test_a_beat_of_a_worker_the_driver_counts_out_is_refused_not_found(
+    driver: Driver, connections: list[BeatConnection]
 ) -> None:
-    beats = Beats()
-    with grpc.insecure_channel(driver.server.address) as channel:
-        call = open_heartbeats(channel, beats)
-        beats.send("w1", epoch=1)
-        driver.listener.wait_for("heartbeat", "w1")
-        driver.listener.unknown.add("w1")  # declared dead
-        beats.send("w1", epoch=1)
-        with pytest.raises(grpc.RpcError) as ended:
-            call.result(timeout=10)
-        beats.end()
-    assert ended.value.code() == grpc.StatusCode.NOT_FOUND
+    connections.append(beats := BeatConnection(driver, "w1"))
+    beats.beat(1)
+    driver.listener.wait_for("heartbeat", "w1")
+    driver.listener.unknown.add("w1")  # declared dead
+    beats.beat(1)
+    assert beats.refusal() == ("NOT_FOUND", "no live worker 'w1'")
     assert len(driver.listener.of("heartbeat", "w1")) == 2
 
 
 @pytest.mark.parametrize(
-    ("worker_id", "listener_fails", "code"),
+    ("frames", "listener_fails", "code"),
     [
-        ("", False, grpc.StatusCode.INVALID_ARGUMENT),
-        ("w" * 999, False, grpc.StatusCode.INVALID_ARGUMENT),
-        ("w1", True, grpc.StatusCode.UNAVAILABLE),  # the worker reopens the stream
+        ([hello_frame("wrong", "w1"), beat_frame(1, 0)], False, "UNAUTHENTICATED"),
+        ([hello_frame("", "w1")], False, "UNAUTHENTICATED"),
+        ([hello_frame(TOKEN, ""), beat_frame(1, 0)], False, "INVALID_ARGUMENT"),
+        ([hello_frame(TOKEN, "w" * 999)], False, "INVALID_ARGUMENT"),
+        ([beat_frame(1, 0)], False, "INVALID_ARGUMENT"),  # a beat before the hello
+        ([hello_frame(TOKEN, "w1"), hello_frame(TOKEN, "w2")], False, "INVALID_ARGUMENT"),
+        ([b"\x00\x00"], False, "INVALID_ARGUMENT"),  # an empty frame
+        ([b"\xff\xff" + bytes(100)], False, "INVALID_ARGUMENT"),  # longer than allowed
+        ([b"\x00\x03H\x00\x09"], False, "INVALID_ARGUMENT"),  # a string cut short
+        ([hello_frame(TOKEN, "w1"), b"\x00\x01B"], False, "INVALID_ARGUMENT"),  # a cut beat
+        ([hello_frame(TOKEN, "w1"), beat_frame(1, 0)], True, "UNAVAILABLE"),  # listener bug
     ],
 )
-def test_a_refused_heartbeat_ends_its_stream_with_the_unary_calls_code(
-    driver: Driver, worker_id: str, listener_fails: bool, code: grpc.StatusCode
+def test_a_frame_the_driver_cannot_take_is_refused_and_the_connection_closed(
+    driver: Driver,
+    connections: list[BeatConnection],
+    frames: list[bytes],
+    listener_fails: bool,
+    code: str,
 ) -> None:
-    beats = Beats()
-    with grpc.insecure_channel(driver.server.address) as channel:
-        call = open_heartbeats(channel, beats)
-        beats.send("w0")  # a good one first: the stream is not refused as a whole
-        driver.listener.wait_for("heartbeat", "w0")
-        driver.listener.fail_heartbeats = listener_fails
-        beats.send(worker_id)
-        with pytest.raises(grpc.RpcError) as ended:
-            call.result(timeout=10)
-        beats.end()
-    assert ended.value.code() == code
+    driver.listener.fail_heartbeats = listener_fails
+    connections.append(beats := BeatConnection(driver))
+    beats.send(b"".join(frames))
+    refused = beats.refusal()
+    assert refused is not None and refused[0] == code
+    assert TOKEN not in refused[1]
+    assert beats.refusal() is None, "closed after the refusal"
+    if code != "UNAVAILABLE":
+        assert driver.listener.of("heartbeat", "w1") == []
+    # The port still serves good connections.
+    driver.listener.fail_heartbeats = False
+    connections.append(good := BeatConnection(driver, "w3"))
+    good.beat(2)
+    driver.listener.wait_for("heartbeat", "w3")
 
 
-def test_stopping_the_server_ends_heartbeat_streams_with_ok_at_once(driver: Driver) -> None:
-    beats = Beats()
+def test_a_connection_that_never_says_hello_is_closed() -> None:
+    async def main() -> bytes:
+        listener = RecordingListener()
+        server = BeatServer(listener, TOKEN, "127.0.0.1", hello_within=0.2)
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            started = time.monotonic()
+            data = await asyncio.wait_for(reader.read(), timeout=10)  # EOF when closed
+            assert time.monotonic() - started < 5
+            writer.close()
+            return data
+        finally:
+            await server.stop()
+
+    assert asyncio.run(main()) == b"", "closed without a word"
+
+
+def test_stopping_the_server_closes_heartbeat_connections_at_once(
+    driver: Driver, connections: list[BeatConnection]
+) -> None:
+    connections.append(beats := BeatConnection(driver, "w1"))
+    beats.beat()
+    driver.listener.wait_for("heartbeat", "w1")
+    driver.run(driver.server.stop(grace=60), timeout=20)
+    started = time.monotonic()
+    assert beats.refusal() is None  # closed (the worker reconnects), not refused
+    assert time.monotonic() - started < 5
+
+
+def test_the_event_stream_names_the_heartbeat_port(driver: Driver) -> None:
     with grpc.insecure_channel(driver.server.address) as channel:
-        call = open_heartbeats(channel, beats)
-        beats.send("w1")
-        driver.listener.wait_for("heartbeat", "w1")
-        # A stream still open when the grace ran out would hold stop() for a minute.
-        driver.run(driver.server.stop(grace=60), timeout=20)
-        assert call.result(timeout=10) == pb.HeartbeatResponse()
-        beats.end()
+        stream = pb_grpc.ControlStub(channel).Events(
+            pb.EventsRequest(worker_id="w1"), metadata=AUTH
+        )
+        headers = dict(stream.initial_metadata())
+        stream.cancel()
+    assert headers[BEAT_PORT_KEY] == str(driver.server.beat_port)
 
 
 class CancellingDriver(pb_grpc.ControlServicer):
     """A control service (sync gRPC server on loopback) that answers its first `cancel`
     Register calls CANCELLED, as gRPC does for a call whose connection it gave up; it accepts
-    the heartbeat and event streams and sends no event."""
+    the event stream and sends no event."""
 
     def __init__(self, cancel: int) -> None:
         self.cancel = cancel
@@ -553,12 +595,6 @@ class CancellingDriver(pb_grpc.ControlServicer):
         if self.registrations <= self.cancel:
             context.abort(grpc.StatusCode.CANCELLED, "the connection was given up")
         return pb.RegisterResponse(heartbeat_interval=INTERVAL)
-
-    def Heartbeats(self, request_iterator: Any, context: Any) -> pb.HeartbeatResponse:  # noqa: N802
-        context.send_initial_metadata(())
-        for _ in request_iterator:
-            pass
-        return pb.HeartbeatResponse()
 
     def Events(self, request: Any, context: Any) -> Iterator[pb.Event]:  # noqa: N802
         context.send_initial_metadata(())
@@ -667,7 +703,7 @@ def test_not_found_evicts_the_worker(driver: Driver, clients: list[ControlClient
 def test_the_client_survives_a_driver_restart(
     driver: Driver, clients: list[ControlClient], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="elastic.worker.control")
+    caplog.set_level(logging.WARNING, logger="elastic.worker")
     client, events = start_client(driver, clients, "w1")
     driver.listener.wait_for("stream_opened", "w1")
     port = driver.server.port

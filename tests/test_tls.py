@@ -4,6 +4,7 @@ control service against the worker's pinned clients, and loading the user's cert
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
 import os
@@ -30,6 +31,7 @@ from elastic.driver.server.app import HttpServer
 from elastic.driver.server.tls import TlsIdentity
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
+from elastic.protocol.beats import beat_frame, hello_frame
 from elastic.worker import transport
 from elastic.worker.control import ControlClient
 from elastic.worker.membership import MembershipEvents
@@ -204,9 +206,10 @@ def test_grpc_insecure_channel_to_the_tls_port_fails(control_server: ControlServ
     assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def test_a_worker_heartbeats_over_tls_on_its_stream(loop: Loop, identity: TlsIdentity) -> None:
-    """The ControlClient's heartbeat stream goes through the pinned TLS channel and carries
-    the token; a heartbeat the driver refuses ends it (NOT_FOUND: the worker is evicted)."""
+def test_a_worker_heartbeats_over_tls(loop: Loop, identity: TlsIdentity) -> None:
+    """The ControlClient's heartbeats go to the heartbeat port over TLS with the pinned
+    certificate and carry the token; a beat the driver refuses (NOT_FOUND) evicts the worker.
+    A plain connection to that port is not served."""
     listener = RecordingListener()
     server = ControlServer(listener, TOKEN, HOST, heartbeat_interval=0.05, tls=identity)
     loop.run(server.start())
@@ -223,6 +226,12 @@ def test_a_worker_heartbeats_over_tls_on_its_stream(loop: Loop, identity: TlsIde
         assert listener.of("heartbeat", "w1")[-1][2] == 3
         listener.unknown.add("w1")
         assert evicted.wait(10)
+        with socket.create_connection((HOST, server.beat_port), timeout=10) as plain:
+            plain.sendall(hello_frame(TOKEN, "w2") + beat_frame(1, 0))
+            with contextlib.suppress(ConnectionResetError):
+                while plain.recv(4096):  # the TLS server answers an alert, then closes
+                    pass
+        assert listener.of("heartbeat", "w2") == []
     finally:
         client.close()
         loop.run(server.stop(0))

@@ -20,20 +20,6 @@ class RegisterResponse(_message.Message):
     heartbeat_interval: float
     def __init__(self, heartbeat_interval: _Optional[float] = ...) -> None: ...
 
-class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "epoch", "commit")
-    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    COMMIT_FIELD_NUMBER: _ClassVar[int]
-    worker_id: str
-    epoch: int
-    commit: int
-    def __init__(self, worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., commit: _Optional[int] = ...) -> None: ...
-
-class HeartbeatResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
-
 class LeaveRequest(_message.Message):
     __slots__ = ("worker_id", "reason", "commit")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]

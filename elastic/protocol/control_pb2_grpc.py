@@ -40,16 +40,6 @@ class ControlStub:
                 request_serializer=elastic_dot_protocol_dot_control__pb2.RegisterRequest.SerializeToString,
                 response_deserializer=elastic_dot_protocol_dot_control__pb2.RegisterResponse.FromString,
                 _registered_method=True)
-        self.Heartbeats = channel.stream_unary(
-                '/elastic.control.v1.Control/Heartbeats',
-                request_serializer=elastic_dot_protocol_dot_control__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=elastic_dot_protocol_dot_control__pb2.HeartbeatResponse.FromString,
-                _registered_method=True)
-        self.Heartbeat = channel.unary_unary(
-                '/elastic.control.v1.Control/Heartbeat',
-                request_serializer=elastic_dot_protocol_dot_control__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=elastic_dot_protocol_dot_control__pb2.HeartbeatResponse.FromString,
-                _registered_method=True)
         self.Leave = channel.unary_unary(
                 '/elastic.control.v1.Control/Leave',
                 request_serializer=elastic_dot_protocol_dot_control__pb2.LeaveRequest.SerializeToString,
@@ -69,26 +59,6 @@ class ControlServicer:
     def Register(self, request, context):
         """Announce a worker process; the answer says how often to send heartbeats.
         NOT_FOUND: the driver knows no such live worker (it must exit).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Heartbeats(self, request_iterator, context):
-        """The heartbeats of a worker: one message every heartbeat interval, each meaning "I am
-        alive, in this epoch, with this many commits", for as long as the worker lives. The call
-        ends NOT_FOUND as soon as a message names an unknown or dead worker (it must exit),
-        UNAVAILABLE when the driver failed to take one (reopen it), OK when the driver stops
-        or the worker half-closes. The driver sends the response headers once it accepts the
-        stream. A message on an open stream costs the driver about a quarter of a unary call.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Heartbeat(self, request, context):
-        """The old path, still served: one heartbeat a call. Unknown or dead workers get NOT_FOUND
-        and must exit.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -116,16 +86,6 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.Register,
                     request_deserializer=elastic_dot_protocol_dot_control__pb2.RegisterRequest.FromString,
                     response_serializer=elastic_dot_protocol_dot_control__pb2.RegisterResponse.SerializeToString,
-            ),
-            'Heartbeats': grpc.stream_unary_rpc_method_handler(
-                    servicer.Heartbeats,
-                    request_deserializer=elastic_dot_protocol_dot_control__pb2.HeartbeatRequest.FromString,
-                    response_serializer=elastic_dot_protocol_dot_control__pb2.HeartbeatResponse.SerializeToString,
-            ),
-            'Heartbeat': grpc.unary_unary_rpc_method_handler(
-                    servicer.Heartbeat,
-                    request_deserializer=elastic_dot_protocol_dot_control__pb2.HeartbeatRequest.FromString,
-                    response_serializer=elastic_dot_protocol_dot_control__pb2.HeartbeatResponse.SerializeToString,
             ),
             'Leave': grpc.unary_unary_rpc_method_handler(
                     servicer.Leave,
@@ -166,60 +126,6 @@ class Control:
             '/elastic.control.v1.Control/Register',
             elastic_dot_protocol_dot_control__pb2.RegisterRequest.SerializeToString,
             elastic_dot_protocol_dot_control__pb2.RegisterResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Heartbeats(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_unary(
-            request_iterator,
-            target,
-            '/elastic.control.v1.Control/Heartbeats',
-            elastic_dot_protocol_dot_control__pb2.HeartbeatRequest.SerializeToString,
-            elastic_dot_protocol_dot_control__pb2.HeartbeatResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Heartbeat(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/elastic.control.v1.Control/Heartbeat',
-            elastic_dot_protocol_dot_control__pb2.HeartbeatRequest.SerializeToString,
-            elastic_dot_protocol_dot_control__pb2.HeartbeatResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,8 +1,8 @@
 """The worker's side of the gRPC control protocol: register, heartbeats, the event stream.
 
-Plain threads, no asyncio: one daemon thread keeps the heartbeat stream open (gRPC's request
-thread writes one message on it every heartbeat interval), one consumes the driver's event
-stream and records what it announces in the process's `MembershipEvents`.
+Plain threads, no asyncio: one daemon thread sends the heartbeats (`elastic.worker.beats`, to
+the port the driver names on the event stream), one consumes the driver's event stream and
+records what it announces in the process's `MembershipEvents`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import atexit
 import logging
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -20,13 +19,15 @@ import grpc
 from elastic.errors import ElasticError
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
+from elastic.protocol.beats import BEAT_PORT_KEY
 from elastic.protocol.env import AUTH_SCHEME
 from elastic.protocol.http import SlotInfo
 from elastic.protocol.leave import EXITING, FINISHED
+from elastic.worker.beats import BeatSender, BeatTarget
 from elastic.worker.exit import exit_now
 from elastic.worker.locator import DriverLocator
 from elastic.worker.membership import HostsUpdate, MembershipEvents, Offer
-from elastic.worker.retries import BACKOFF_MAX, Backoff, bounded_retries
+from elastic.worker.retries import BACKOFF_MAX, Backoff, Outage, bounded_retries
 from elastic.worker.transport import control_channel
 
 log = logging.getLogger(__name__)
@@ -113,37 +114,17 @@ def _retryable(err: BaseException) -> bool:
     return _code(err) in _RETRYABLE
 
 
-class _Outage:
-    """Logs the start of a period in which the driver cannot be reached once, and its end."""
-
-    def __init__(self, what: str) -> None:
-        self._what = what
-        self._since: float | None = None
-
-    def failed(self, err: BaseException) -> None:
-        if self._since is None:
-            self._since = time.monotonic()
-            log.warning(
-                "%s: driver unreachable (%s); retrying until it is back", self._what, _describe(err)
-            )
-
-    def succeeded(self) -> None:
-        if self._since is not None:
-            down_for = time.monotonic() - self._since
-            log.warning("%s: driver reachable again after %.1f s", self._what, down_for)
-            self._since = None
-
-
 class ControlClient:
     """One worker process's control connection to the driver at `address` ("host:port").
 
     `start()` registers (retrying for up to `retry_for` seconds, with a jittered backoff),
     starts the heartbeat and event threads, and returns once the driver has accepted the event
-    stream. Heartbeats go on a stream of their own (`Heartbeats`), one message every heartbeat
-    interval. While the driver is away (crashed, restarting, partitioned) both threads keep
-    reopening their streams forever, with a jittered backoff up to 2 s; the outage is logged
-    once when it starts and once when it ends (a driver that hangs without closing its
-    connections is noticed by keep-alive, within about 20 s). When the driver answers
+    stream. Heartbeats go to the heartbeat port the driver names in the response headers of the
+    event stream, one every heartbeat interval (`BeatSender`). While the driver is away
+    (crashed, restarting, partitioned) both threads keep reconnecting forever, with a
+    jittered backoff up to 2 s; the outage is logged once when it starts and once when it
+    ends (a driver that hangs without closing its connections is noticed by keep-alive,
+    within about 20 s). When the driver answers
     NOT_FOUND to a heartbeat or to opening the event stream, it has declared this worker dead:
     the threads stop and `on_evicted()` is called once, from a background thread (default
     `exit_evicted`: the process exits at once with status 1). `start` and `leave` raise
@@ -169,6 +150,7 @@ class ControlClient:
         self.address = address
         self.worker_id = worker_id
         self._events = events
+        self._token = token
         self._metadata = (("authorization", f"{AUTH_SCHEME} {token}"),)
         self._heartbeat_interval = heartbeat_interval_fallback
         self._on_evicted = on_evicted
@@ -185,7 +167,7 @@ class ControlClient:
         self._starting = True  # evictions are raised by start(), not given to on_evicted
         self._stream_ready = threading.Event()  # set once a stream is open, or on eviction
         self._stream: Any = None  # the open Events call, cancelled by close()
-        self._heartbeats: Any = None  # the open Heartbeats call, cancelled by close()
+        self._beats: BeatSender | None = None  # made once the driver names the interval
         self._threads: list[threading.Thread] = []
 
     @property
@@ -225,7 +207,15 @@ class ControlClient:
             raise
         if answer.heartbeat_interval > 0:
             self._heartbeat_interval = answer.heartbeat_interval
-        for name, target in (("heartbeats", self._send_heartbeats), ("events", self._read_events)):
+        self._beats = BeatSender(
+            self._token,
+            self.worker_id,
+            self._heartbeat_interval,
+            self._progress,
+            self._evicted_by_driver,
+            self._stop,
+        )
+        for name, target in (("heartbeats", self._beats.run), ("events", self._read_events)):
             thread = threading.Thread(target=target, name=f"elastic-control-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -273,10 +263,9 @@ class ControlClient:
         state the driver is in. Idempotent; also runs at interpreter exit."""
         self._stop.set()
         with self._lock:
-            calls = (self._stream, self._heartbeats)
-        for call in calls:
-            if call is not None:
-                call.cancel()
+            stream = self._stream
+        if stream is not None:
+            stream.cancel()
         self._channel.close()
         for thread in self._threads:
             if thread is not threading.current_thread():
@@ -341,77 +330,19 @@ class ControlClient:
                 return
             self._evicted = True
             starting = self._starting
-            calls = (self._stream, self._heartbeats)
+            stream = self._stream
         log.error("the driver declared worker %s dead", self.worker_id)
         self._stop.set()
-        for call in calls:
-            if call is not None:
-                call.cancel()
+        if stream is not None:
+            stream.cancel()
         self._stream_ready.set()
         if not starting:
             self._on_evicted()
 
-    def _send_heartbeats(self) -> None:
-        """Keep a `Heartbeats` stream open until `close()` or NOT_FOUND, reopening it with a
-        jittered backoff whenever it ends; failures only log (once per outage)."""
-        outage = _Outage(f"heartbeats of worker {self.worker_id}")
-        backoff = Backoff()
-        while not self._stop.is_set():
-            ended = threading.Event()  # the call is over: the request thread stops writing
-            try:
-                call = self._stub.Heartbeats.future(self._beats(ended), metadata=self._metadata)
-            except ValueError:  # the channel was closed: we stop, or moved to a new driver
-                if self._stop.is_set():
-                    return
-                self._stop.wait(backoff.next())
-                continue
-            call.add_done_callback(lambda _, ended=ended: ended.set())
-            with self._lock:
-                self._heartbeats = call
-            if self._stop.is_set():  # close() ran before the call was visible to it
-                call.cancel()
-                return
-            try:
-                call.initial_metadata()  # blocks until the driver accepts or refuses the stream
-                if not call.done():
-                    outage.succeeded()
-                    backoff.reset()
-                call.result()
-                # Ended with OK: the driver is stopping; a new one may come.
-                log.info("the driver closed the heartbeat stream of worker %s", self.worker_id)
-            except grpc.FutureCancelledError:  # close() or an eviction cancelled it
-                return
-            except grpc.RpcError as err:
-                if self._stop.is_set():
-                    return
-                if _code(err) == grpc.StatusCode.NOT_FOUND:
-                    self._evicted_by_driver()
-                    return
-                outage.failed(err)
-                if self._relocate():
-                    backoff.reset()  # a new driver: try it at once
-                    continue
-            finally:
-                ended.set()
-                with self._lock:
-                    self._heartbeats = None
-            self._stop.wait(backoff.next())
-
-    def _beats(self, ended: threading.Event) -> Iterator[pb.HeartbeatRequest]:
-        """The messages of one heartbeat stream, one every heartbeat interval (consumed by
-        gRPC's request thread), until `ended` is set or the client stops."""
-        next_beat = time.monotonic()
-        while not (ended.is_set() or self._stop.is_set()):
-            with self._lock:
-                epoch, commit = self._epoch, self._commit
-            yield pb.HeartbeatRequest(worker_id=self.worker_id, epoch=epoch, commit=commit)
-            next_beat = max(next_beat + self._heartbeat_interval, time.monotonic())
-            ended.wait(next_beat - time.monotonic())
-
     def _read_events(self) -> None:
         """Consume the event stream; reopen it with a backoff whenever it ends, until
         `close()` or NOT_FOUND."""
-        outage = _Outage(f"event stream of worker {self.worker_id}")
+        outage = Outage(f"event stream of worker {self.worker_id}")
         backoff = Backoff()
         while not self._stop.is_set():
             try:
@@ -429,10 +360,12 @@ class ControlClient:
                 call.cancel()
                 return
             try:
-                call.initial_metadata()  # blocks until the driver accepts or refuses the stream
+                # Blocks until the driver accepts or refuses the stream.
+                headers = call.initial_metadata()
                 if not call.done():
                     outage.succeeded()
                     backoff.reset()
+                    self._aim_heartbeats(headers)
                     self._stream_ready.set()
                 for event in call:
                     self._deliver(event)
@@ -444,7 +377,7 @@ class ControlClient:
                 if _code(err) == grpc.StatusCode.NOT_FOUND:
                     self._evicted_by_driver()
                     return
-                outage.failed(err)
+                outage.failed(_describe(err))
                 if self._relocate():
                     backoff.reset()  # a new driver: try it at once
                     continue
@@ -452,6 +385,22 @@ class ControlClient:
                 with self._lock:
                     self._stream = None
             self._stop.wait(backoff.next())
+
+    def _progress(self) -> tuple[int, int]:
+        """What a heartbeat carries: the epoch and the commit count."""
+        with self._lock:
+            return self._epoch, self._commit
+
+    def _aim_heartbeats(self, headers: Any) -> None:
+        """Send the heartbeats where the response headers of an accepted event stream say."""
+        port = dict(headers or ()).get(BEAT_PORT_KEY)
+        if port is None or not str(port).isdigit():
+            log.error("the driver at %s named no heartbeat port (an older driver?)", self.address)
+            return
+        with self._lock:
+            host, cert = self.address.rpartition(":")[0].strip("[]"), self._tls_cert
+        assert self._beats is not None
+        self._beats.aim(BeatTarget(host, int(port), cert))
 
     def _deliver(self, event: pb.Event) -> None:
         """Record `event` in the `MembershipEvents`. A `HostsUpdated` that carries a broken

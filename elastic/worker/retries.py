@@ -3,10 +3,14 @@ with jitter (thousands of workers that lost the driver together must not retry i
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 from collections.abc import Callable
 
 import tenacity
+
+log = logging.getLogger(__name__)
 
 BACKOFF_FIRST = 0.05  # seconds before the first retry, at most
 BACKOFF_MAX = 2.0  # seconds between two attempts, at most
@@ -68,3 +72,24 @@ def bounded_retries(
         wait=wait,
         reraise=True,
     )
+
+
+class Outage:
+    """Logs the start of a period in which the driver cannot be reached, once, and its end."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._since: float | None = None
+
+    def failed(self, why: str) -> None:
+        """An attempt failed (`why`: the error in words); logged if the outage is new."""
+        if self._since is None:
+            self._since = time.monotonic()
+            log.warning("%s: driver unreachable (%s); retrying until it is back", self._what, why)
+
+    def succeeded(self) -> None:
+        """An attempt succeeded; logged if it ends an outage."""
+        if self._since is not None:
+            down_for = time.monotonic() - self._since
+            log.warning("%s: driver reachable again after %.1f s", self._what, down_for)
+            self._since = None

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import grpc
 from grpc import aio
 
+from elastic.driver.control.beats import BeatServer
 from elastic.driver.control.events import (
     ControlEvent,
     EpochBroken,
@@ -25,15 +26,16 @@ from elastic.driver.control.events import (
     Placement,
     WorkerListener,
 )
+from elastic.driver.control.refusals import refusal
 from elastic.driver.server.tls import TlsIdentity
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
+from elastic.protocol.beats import BEAT_PORT_KEY
 from elastic.protocol.env import AUTH_SCHEME
 from elastic.protocol.http import SlotInfo
 
 log = logging.getLogger(__name__)
 
-MAX_ID_LENGTH = 256
 MAX_REASON_LENGTH = 4096
 # Seconds a `HostsUpdated` that breaks a round waits for the worker's slot (a durable
 # backend saves the round first) before the break is written on its own.
@@ -45,7 +47,8 @@ _SERVER_OPTIONS = [
     # Control messages are tiny: refuse anything large before parsing it.
     ("grpc.max_receive_message_length", 64 * 1024),
     # Ping idle connections so a worker host that vanished without closing its sockets
-    # (power loss, partition) has its stream cancelled within ~20 s; heartbeats catch it first.
+    # (power loss, partition) has its stream cancelled within ~20 s; missed heartbeats catch
+    # it first.
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     # Workers ping every 10 s to notice a vanished driver: allow it (gRPC's default allows one
@@ -53,8 +56,8 @@ _SERVER_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     # No bandwidth probing: it pings a connection on the data it receives, which made each
-    # heartbeat cost the driver a third more CPU (1,000 streams, one message a second each:
-    # 155 us a message without, 235 us with).
+    # message cost the driver a third more CPU (heartbeats on gRPC streams, 1,000 workers,
+    # one message a second each: 155 us a message without, 235 us with).
     ("grpc.http2.bdp_probe", 0),
     # Calls that arrived while the event loop was busy wait in gRPC's queue until the service
     # takes them. Past 1,000 waiting gRPC began to refuse new ones, as CANCELLED, and past 3,000
@@ -164,32 +167,6 @@ class _TokenCheck(aio.ServerInterceptor):
         return grpc.unary_unary_rpc_method_handler(refuse_unary)
 
 
-def _check_id(worker_id: str) -> str | None:
-    if not worker_id:
-        return "worker_id is empty"
-    if len(worker_id) > MAX_ID_LENGTH:
-        return f"worker_id is longer than {MAX_ID_LENGTH} characters"
-    return None
-
-
-def _refusal(
-    worker_id: str, report: Callable[..., bool], *args: Any
-) -> tuple[grpc.StatusCode, str] | None:
-    """Validate `worker_id` and run `report(*args)`: None when it answers True, else the code
-    to end the call with: NOT_FOUND when it answers False, UNAVAILABLE (retryable, like the
-    HTTP API's 503) when it raises, INVALID_ARGUMENT for a bad id (`report` is not run)."""
-    if problem := _check_id(worker_id):
-        return grpc.StatusCode.INVALID_ARGUMENT, problem
-    try:
-        known = report(*args)
-    except Exception as err:
-        log.exception("driver error serving a control call of worker %s", worker_id)
-        return grpc.StatusCode.UNAVAILABLE, f"driver error: {type(err).__name__}"
-    if not known:
-        return grpc.StatusCode.NOT_FOUND, f"no live worker {worker_id!r}"
-    return None
-
-
 class _ControlService(pb_grpc.ControlServicer):
     def __init__(
         self,
@@ -197,9 +174,12 @@ class _ControlService(pb_grpc.ControlServicer):
         heartbeat_interval: float,
         stopping: asyncio.Event,
         placement: Placement | None,
+        beat_port: int,
     ) -> None:
         self._listener = listener
         self._placement = placement
+        # Sent as each event stream opens: where this driver takes the worker's heartbeats.
+        self._stream_headers = ((BEAT_PORT_KEY, str(beat_port)),)
         self._heartbeat_interval = heartbeat_interval
         self._stopping = stopping
         self._streams: set[asyncio.Task[Any]] = set()  # the handlers of open streams
@@ -207,9 +187,9 @@ class _ControlService(pb_grpc.ControlServicer):
     async def _call_listener(
         self, context: aio.ServicerContext[Any, Any], worker_id: str, report: Callable[[], bool]
     ) -> None:
-        """Run `report` for `worker_id`; end the call as `_refusal` says when it refuses."""
-        if (refusal := _refusal(worker_id, report)) is not None:
-            await context.abort(*refusal)
+        """Run `report` for `worker_id`; end the call as `refusal` says when it refuses."""
+        if (refused := refusal(worker_id, report)) is not None:
+            await context.abort(*refused)
 
     def _stream_opened(self) -> bool:
         """Count the running stream handler as open until `end_streams`; False when the
@@ -220,7 +200,7 @@ class _ControlService(pb_grpc.ControlServicer):
         return not self._stopping.is_set()
 
     def end_streams(self) -> None:
-        """The server stops: end every event and heartbeat stream with OK (its worker
+        """The server stops: end every event stream with OK (its worker
         reconnects). Each handler is cancelled, and returns normally when `stopping` is set."""
         for task in list(self._streams):
             task.cancel()
@@ -234,42 +214,6 @@ class _ControlService(pb_grpc.ControlServicer):
             lambda: self._listener.registered(request.worker_id, request.pid),
         )
         return pb.RegisterResponse(heartbeat_interval=self._heartbeat_interval)
-
-    async def Heartbeat(  # noqa: N802
-        self, request: pb.HeartbeatRequest, context: aio.ServicerContext[Any, Any]
-    ) -> pb.HeartbeatResponse:
-        await self._call_listener(
-            context,
-            request.worker_id,
-            lambda: self._listener.heartbeat(request.worker_id, request.epoch, request.commit),
-        )
-        return pb.HeartbeatResponse()
-
-    async def Heartbeats(  # noqa: N802
-        self,
-        request_iterator: AsyncIterator[pb.HeartbeatRequest],
-        context: aio.ServicerContext[Any, Any],
-    ) -> pb.HeartbeatResponse:
-        """Report each message to the listener as a unary `Heartbeat` would, until the worker
-        half-closes (OK), a message is refused (NOT_FOUND, INVALID_ARGUMENT, UNAVAILABLE: the
-        call ends with it) or the server stops (OK, at once: `end_streams`)."""
-        try:
-            if not self._stream_opened():
-                return pb.HeartbeatResponse()
-            # Tell the client at once that its stream is open (it resets its backoff on this).
-            await context.send_initial_metadata(())
-            heartbeat = self._listener.heartbeat
-            async for beat in request_iterator:  # the hot path: no closure, no extra frame
-                worker_id = beat.worker_id
-                refusal = _refusal(worker_id, heartbeat, worker_id, beat.epoch, beat.commit)
-                if refusal is not None:
-                    await context.abort(*refusal)
-        except asyncio.CancelledError:
-            if not self._stopping.is_set():
-                raise  # the client went away
-        finally:
-            self._streams.discard(asyncio.current_task())  # type: ignore[arg-type]
-        return pb.HeartbeatResponse()
 
     async def Leave(  # noqa: N802
         self, request: pb.LeaveRequest, context: aio.ServicerContext[Any, Any]
@@ -302,8 +246,9 @@ class _ControlService(pb_grpc.ControlServicer):
         try:
             if not self._stream_opened():
                 return
-            # Tell the client at once that its stream is open (it resets its backoff on this).
-            await context.send_initial_metadata(())
+            # Tell the client at once that its stream is open (it resets its backoff on this)
+            # and where to send its heartbeats.
+            await context.send_initial_metadata(self._stream_headers)
             placement = self._placement
             while True:  # one event, one write: no task or wait set per event
                 event = await queue.get()
@@ -326,9 +271,11 @@ class _ControlService(pb_grpc.ControlServicer):
 
 
 class ControlServer:
-    """The control service on `host:port` (port 0: a free one, known after `start`).
+    """The control service on `host:port` (port 0: a free one, known after `start`), and its
+    heartbeat port (`BeatServer`, a free port on `host`, named to each worker in the response
+    headers of its event stream).
 
-    With `tls` it accepts TLS connections only, presenting that identity.
+    With `tls` both accept TLS connections only, presenting that identity.
     Every call needs `authorization: Bearer <token>` (else UNAUTHENTICATED). A listener
     answering False becomes NOT_FOUND; a listener raising becomes UNAVAILABLE (the worker
     retries). With `placement`, each `HostsUpdated` written to a worker carries the worker's
@@ -359,6 +306,9 @@ class ControlServer:
         self.heartbeat_interval = heartbeat_interval
         self._placement = placement
         self._credentials = tls.grpc_server_credentials() if tls is not None else None
+        self._beats = BeatServer(
+            listener, token, host, ssl_context=tls.server_ssl_context() if tls else None
+        )
         self._server: aio.Server | None = None
         self._port: int | None = None
         self._stopping: asyncio.Event | None = None
@@ -372,6 +322,11 @@ class ControlServer:
         return self._port
 
     @property
+    def beat_port(self) -> int:
+        """The heartbeat port; raises RuntimeError before `start`."""
+        return self._beats.port
+
+    @property
     def address(self) -> str:
         """`host:port` as a gRPC target (IPv6 hosts in brackets)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -380,28 +335,38 @@ class ControlServer:
     async def start(self) -> None:
         """Bind and serve. Raises RuntimeError when the address cannot be bound."""
         self._stopping = asyncio.Event()
+        await self._beats.start()
         server = aio.server(interceptors=[_TokenCheck(self._token)], options=_SERVER_OPTIONS)
         self._service = _ControlService(
-            self._listener, self.heartbeat_interval, self._stopping, self._placement
+            self._listener,
+            self.heartbeat_interval,
+            self._stopping,
+            self._placement,
+            self._beats.port,
         )
         pb_grpc.add_ControlServicer_to_server(self._service, server)
         host = f"[{self.host}]" if ":" in self.host else self.host
         target = f"{host}:{self._requested_port}"
-        if self._credentials is not None:
-            port = server.add_secure_port(target, self._credentials)
-        else:
-            port = server.add_insecure_port(target)
-        if port == 0:  # older grpcio answers 0 instead of raising
-            raise RuntimeError(f"cannot bind the control service to {host}:{self._requested_port}")
-        await server.start()
+        try:
+            if self._credentials is not None:
+                port = server.add_secure_port(target, self._credentials)
+            else:
+                port = server.add_insecure_port(target)
+            if port == 0:  # older grpcio answers 0 instead of raising
+                raise RuntimeError(f"cannot bind the control service to {target}")
+            await server.start()
+        except BaseException:
+            await self._beats.stop()
+            raise
         self._server, self._port = server, port
 
     async def stop(self, grace: float | None = 1.0) -> None:
-        """End every event and heartbeat stream (they close with OK; `stream_closed` is
-        called for each event stream), give unary calls in flight `grace` seconds, then cancel
+        """End every event stream (they close with OK; `stream_closed` is called for each)
+        and heartbeat connection, give unary calls in flight `grace` seconds, then cancel
         them. Idempotent."""
         if self._stopping is not None:
             self._stopping.set()
+        await self._beats.stop()
         if self._service is not None:
             self._service.end_streams()
         if self._server is not None:

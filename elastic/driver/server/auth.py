@@ -46,15 +46,16 @@ def token_matches(authorization: bytes, token: str) -> bool:
     return scheme == AUTH_SCHEME.encode() and hmac.compare_digest(given, token.encode())
 
 
-def note_refusal(refused: set[str], peer: str) -> None:
-    """Log a refused peer the first time only (and at most `MAX_LOGGED_PEERS` of them)."""
+def note_refusal(refused: set[str], peer: str, what: str = "HTTP request") -> None:
+    """Log a peer refused for a wrong or missing token (`what` it sent: "HTTP request") the
+    first time only, and at most `MAX_LOGGED_PEERS` of them."""
     if peer in refused or len(refused) > MAX_LOGGED_PEERS:
         return
     refused.add(peer)
     if len(refused) > MAX_LOGGED_PEERS:
-        log.warning("refused unauthenticated HTTP requests from many peers; no longer logging")
+        log.warning("refused unauthenticated %ss from many peers; no longer logging", what)
     else:
-        log.warning("refused an unauthenticated HTTP request from %s", peer)
+        log.warning("refused an unauthenticated %s from %s", what, peer)
 
 
 async def require_token(request: Request) -> None:
