@@ -38,7 +38,7 @@ from elastic.driver.journal.resume import (
     snapshot,
 )
 from elastic.driver.launch.base import Launcher
-from elastic.driver.launch.environment import worker_environment
+from elastic.driver.launch.environment import WorkerEnvironments
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
 from elastic.driver.launch.staffing import Staffing, first_places, host_summary
@@ -110,6 +110,7 @@ class Job:
         self._result: asyncio.Future[int] | None = None
         self._end_message = ""
         self._endpoints: Endpoints | None = None
+        self._environments: WorkerEnvironments | None = None  # once the endpoints serve
         self._given = (hosts, discovery, launcher)
         self._configure(settings, default_log_root(self.job_id))
 
@@ -189,6 +190,9 @@ class Job:
         address = self._hosts.bind_address(hosts, self.settings.network_interface)
         self._endpoints = endpoints = Endpoints(self.settings, address, services, inputs)
         await endpoints.start()
+        self._environments = WorkerEnvironments(
+            self.settings, endpoints, job_id=self.job_id, token=self._token
+        )
         try:
             await self._publish(new=not resuming)
             if resuming:
@@ -334,12 +338,10 @@ class Job:
         )
 
     def _environment(self, worker: Worker) -> dict[str, str]:
-        assert self._endpoints is not None
-        return worker_environment(
-            self.settings, self._endpoints, job_id=self.job_id, token=self._token,
-            worker_id=worker.worker_id, hostname=worker.hostname,
-            slot=self._rendezvous.slot_of(worker.worker_id),
-        )  # fmt: skip
+        assert self._environments is not None
+        return self._environments.of(
+            worker.worker_id, worker.hostname, self._rendezvous.slot_of(worker.worker_id)
+        )
 
     @property
     def end_message(self) -> str:
