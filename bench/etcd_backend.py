@@ -10,7 +10,7 @@ replaced: `FakeLauncher` starts no process but hands each worker's environment t
 client process (`bench.simulated`, asyncio: grpc.aio and a minimal HTTP/1.1 client) where a
 simulated worker does what `elastic.worker.runtime.init` and the elastic run loop do on the
 wire: gRPC Register (job token as `authorization: Bearer ...`), the Events stream (opened
-before joining), a heartbeat every heartbeat interval on the Heartbeats stream, and
+before joining), a heartbeat every heartbeat interval on the port that stream names, and
 `POST /v1/rendezvous/join` until `formed`; on `EpochBroken` / `HostsUpdated` it joins again
 with `after_epoch` = its epoch. No torch, no process group. `bench/scale.py` uses the same
 workers, in several processes, against a driver in its own process, up to 10,000 workers.

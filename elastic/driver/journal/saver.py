@@ -13,7 +13,9 @@ from elastic.driver.journal.backend import BackendError, ClaimLost, StateBackend
 
 log = logging.getLogger("elasticrun")
 
-TICK = 0.5  # seconds between checks for changes nobody asked to save at once
+# Seconds between checks for changes nobody asked to save at once (output offsets, a pid).
+# Each check builds the whole state document: about 7 ms at 1,000 workers.
+TICK = 1.0
 PROGRESS_EVERY = 10.0  # seconds between lines while an outage outlasts the grace period
 
 
