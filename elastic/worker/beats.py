@@ -133,12 +133,13 @@ class BeatSender:
     def _beat(self, sock: socket.socket, target: BeatTarget) -> None:
         """Beat on `sock` until `stop` or a new target; raises on a failure or a refusal."""
         received = bytearray()
+        poller = select.poll()  # not select(): a training process may hold 1,024 descriptors
+        poller.register(sock, select.POLLIN)
         next_beat = time.monotonic() + self._interval
         while not self._stop.is_set() and self._target == target:
             left = min(POLL, next_beat - time.monotonic())
             if left > 0:
-                readable, _, _ = select.select([sock], [], [], left)
-                if readable:
+                if poller.poll(left * 1000):
                     self._read(sock, received)
                 continue
             sock.sendall(beat_frame(*self._progress()))
