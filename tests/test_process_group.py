@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from elastic.worker.process_group import abandon_group, create_group
+from elastic.worker.process_group import CONNECT_TIMEOUT, abandon_group, create_group
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -149,3 +149,50 @@ def test_a_peer_that_dies_while_the_ranks_connect_fails_the_group_within_the_con
     finally:
         if peer.is_alive():
             peer.kill()
+
+
+def _member_of_three(store_path: str, rank: int, result: multiprocessing.Queue) -> None:
+    """Form a 3-rank group with the default connection timeout; report how it ended."""
+    started = time.monotonic()
+    try:
+        store = PatientStore(store_path, floor=timedelta(seconds=12))
+        create_group(store, rank, 3, CPU, timedelta(seconds=60))
+        result.put((rank, "formed", time.monotonic() - started))
+    except Exception as err:  # reported to the test
+        result.put((rank, repr(err), time.monotonic() - started))
+    finally:
+        abandon_group()
+
+
+def test_a_peer_gone_while_three_ranks_connect_holds_the_others_ten_seconds_at_most(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 of 3 is SIGKILLed once every address is published: the others fail within five
+    connection timeouts (Gloo's side waiting for a peer to connect in waits that long; at the
+    former 10 s timeout that was 50 s), or at once when their connection is refused. A store
+    wait for a key the dead rank never wrote ends at the store's 12 s here; a `DriverStore`
+    ends it with `EpochSuperseded` when the next round forms."""
+    context = multiprocessing.get_context("spawn")
+    path = str(tmp_path / "epoch-1")
+    result: multiprocessing.Queue = context.Queue()
+    members = [
+        context.Process(target=_member_of_three, args=(path, rank, result)) for rank in range(3)
+    ]
+    for member in members:
+        member.start()
+    try:
+        store = PatientStore(path)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and store.num_keys() < 3:
+            time.sleep(0.005)  # every rank has published its address
+        members[1].kill()
+        ended = sorted(result.get(timeout=60) for _ in range(2))
+        assert [rank for rank, _, _ in ended] == [0, 2]
+        for rank, how, took in ended:
+            assert how != "formed", f"rank {rank} formed a group with a dead peer"
+            assert took < 5 * CONNECT_TIMEOUT.total_seconds() + 5, (rank, how, took)
+    finally:
+        for member in members:
+            member.join(timeout=10)
+            if member.is_alive():
+                member.kill()
