@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import resource
 import threading
@@ -25,6 +24,7 @@ from elastic.protocol.beats import (
     take_frames,
 )
 from elastic.worker.beats import BeatSender, BeatTarget
+from tests.loop_thread import Loop
 from tests.test_control import RecordingListener
 
 TOKEN = "beats-token"
@@ -67,20 +67,14 @@ class Driver:
 
     def __init__(self) -> None:
         self.listener = RecordingListener()
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
+        self._loop = Loop()
+        self.run = self._loop.run
         self.server = BeatServer(self.listener, TOKEN, "127.0.0.1", tick=0.02)
         self.run(self.server.start())
 
-    def run(self, coroutine: object) -> object:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(10)  # type: ignore[arg-type]
-
     def close(self) -> None:
         self.run(self.server.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
+        self._loop.close()
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ from elastic.protocol.beats import (
 from elastic.protocol.http import SlotInfo
 from elastic.worker.control import ControlClient, ControlError, WorkerEvicted
 from elastic.worker.membership import HostsUpdate, MembershipEvents, Offer
+from tests.loop_thread import Loop
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "s3cret-control-token"
@@ -113,13 +114,12 @@ class Driver:
         self.listener = RecordingListener()
         self.placements: dict[tuple[str, int], tuple[SlotInfo, int]] = {}  # the slots it sends
         self.placing_for = 0.0  # seconds finding a slot takes (a durable backend saves first)
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
+        self._loop = Loop()
+        self.loop = self._loop.loop
         self.server = self.start()
 
     def run(self, coroutine: Any, timeout: float = 10.0) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+        return self._loop.run(coroutine, timeout)
 
     def start(self, port: int = 0) -> ControlServer:
         async def placement(worker_id: str, epoch: int) -> tuple[SlotInfo, int] | None:
@@ -140,9 +140,7 @@ class Driver:
 
     def close(self) -> None:
         self.run(self.server.stop(0))
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
+        self._loop.close()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ control service against the worker's pinned clients, and loading the user's cert
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime
 import ipaddress
@@ -14,7 +13,6 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import httpx
@@ -36,6 +34,7 @@ from elastic.worker import transport
 from elastic.worker.control import ControlClient
 from elastic.worker.membership import MembershipEvents
 from elastic.worker.transport import control_channel, http_client
+from tests.loop_thread import Loop
 from tests.test_control import RecordingListener
 
 TOKEN = "s3cret-tls-token"
@@ -52,23 +51,6 @@ def identity() -> TlsIdentity:
 def stranger() -> TlsIdentity:
     """Another self-signed identity for the same host: not the one the driver presents."""
     return TlsIdentity.make_self_signed([HOST])
-
-
-class Loop:
-    """An event loop in its own thread, for servers the test talks to synchronously."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-
-    def run(self, coroutine: Any, timeout: float = 10.0) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
 
 
 @pytest.fixture(scope="module")
