@@ -23,6 +23,14 @@ pytestmark = pytest.mark.timeout(120)
 CPU = torch.device("cpu")
 
 
+def _reap(process: multiprocessing.process.BaseProcess, grace: float = 30) -> None:
+    """Let `process` end within `grace` seconds, then SIGKILL it."""
+    process.join(timeout=grace)
+    if process.is_alive():
+        process.kill()
+        process.join(timeout=10)
+
+
 def _rank_1(store_path: str, result: multiprocessing.Queue, patient: bool = False) -> None:
     """Form the group as rank 1 and all-reduce a one; `patient`: over a `PatientStore`, with
     a 1 s connection timeout, waiting 3 s (longer) before the all-reduce."""
@@ -60,9 +68,7 @@ def test_a_group_forms_with_a_fresh_joiner_after_a_failed_attempt(tmp_path: Path
         assert result.get(timeout=30) == 2.0
     finally:
         abandon_group()
-        joiner.join(timeout=30)
-        if joiner.is_alive():
-            joiner.kill()
+        _reap(joiner)
 
 
 class PatientStore(dist.Store):
@@ -120,9 +126,7 @@ def test_the_group_s_collectives_wait_the_full_timeout_not_the_connection_s(
         assert result.get(timeout=30) == 2.0
     finally:
         abandon_group()
-        peer.join(timeout=30)
-        if peer.is_alive():
-            peer.kill()
+        _reap(peer)
 
 
 def test_a_peer_that_dies_while_the_ranks_connect_fails_the_group_within_the_connection_timeout(
@@ -147,8 +151,7 @@ def test_a_peer_that_dies_while_the_ranks_connect_fails_the_group_within_the_con
         assert time.monotonic() - start < 30
         assert not dist.is_initialized()
     finally:
-        if peer.is_alive():
-            peer.kill()
+        _reap(peer, 0)
 
 
 def _member_of_three(store_path: str, rank: int, result: multiprocessing.Queue) -> None:
@@ -193,6 +196,4 @@ def test_a_peer_gone_while_three_ranks_connect_holds_the_others_ten_seconds_at_m
             assert took < 5 * CONNECT_TIMEOUT.total_seconds() + 5, (rank, how, took)
     finally:
         for member in members:
-            member.join(timeout=10)
-            if member.is_alive():
-                member.kill()
+            _reap(member, 10)
