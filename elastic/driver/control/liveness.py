@@ -25,10 +25,12 @@ class LivenessWatch:
       (its loop blocked, its process stopped) and heard nothing meanwhile: missed heartbeats
       count from then again, so that the silence it caused does not make every worker hung;
     * a look that wakes late by less (a loop busy with thousands of workers' calls, whose
-      heartbeats wait unread in gRPC's queue meanwhile) credits every worker with that lateness;
+      heartbeats wait unread on the heartbeat port meanwhile) credits every worker with that
+      lateness;
     * a registered worker none of whose heartbeats has reached this driver yet (its heartbeat
-      stream waits in that queue) is not judged hung: it is NOT_JOINED after the start
-      timeout if it never joins, and its process exit or closed event stream still count.
+      connection waits in the port's backlog, or its event stream, which names the port, in
+      gRPC's queue) is not judged hung: it is NOT_JOINED after the start timeout if it never
+      joins, and its process exit or closed event stream still count.
     """
 
     def __init__(
