@@ -4,6 +4,7 @@ subprocesses; the driver's listener is a recording fake (the driver's own is tes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -304,23 +305,29 @@ def test_a_new_round_that_breaks_the_old_one_aborts_a_blocked_collective(
     assert events.pending_update(3) == HostsUpdate(4, False, True)
 
 
+@contextlib.contextmanager
+def event_stream(driver: Driver, worker_id: str) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """`worker_id`'s event stream as the driver accepted it, and its response headers;
+    cancelled and its channel closed on leaving."""
+    with grpc.insecure_channel(driver.server.address) as channel:
+        stream = pb_grpc.ControlStub(channel).Events(
+            pb.EventsRequest(worker_id=worker_id), metadata=AUTH
+        )
+        try:
+            yield stream, dict(stream.initial_metadata())
+        finally:
+            stream.cancel()
+
+
 def test_a_new_round_that_breaks_the_old_one_is_one_message_on_the_wire(driver: Driver) -> None:
     slot = SlotInfo(
         hostname="h1", rank=0, local_rank=0, cross_rank=0, size=2, local_size=1, cross_size=2
     )
     driver.placements[("w1", 4)] = (slot, 7)
-    channel = grpc.insecure_channel(driver.server.address)
-    try:
-        stream = pb_grpc.ControlStub(channel).Events(
-            pb.EventsRequest(worker_id="w1"), metadata=AUTH
-        )
-        stream.initial_metadata()
+    with event_stream(driver, "w1") as (stream, _):
         driver.send("w1", HostsUpdated(3, 4, broken_epoch=3, broken_reason="h0 died"))
         driver.send("w1", EpochBroken(4, "h1 died"))  # the next message
         first, second = next(stream), next(stream)
-        stream.cancel()
-    finally:
-        channel.close()
     update = first.hosts_updated
     assert (update.next_epoch, update.broken_epoch, update.broken_reason) == (4, 3, "h0 died")
     assert update.slot.rank == 0 and update.job_commit == 7
@@ -335,17 +342,9 @@ def test_a_slow_slot_does_not_hold_up_the_word_that_a_round_is_broken(driver: Dr
     )
     driver.placements[("w1", 4)] = (slot, 7)
     driver.placing_for = 1.0
-    channel = grpc.insecure_channel(driver.server.address)
-    try:
-        stream = pb_grpc.ControlStub(channel).Events(
-            pb.EventsRequest(worker_id="w1"), metadata=AUTH
-        )
-        stream.initial_metadata()
+    with event_stream(driver, "w1") as (stream, _):
         driver.send("w1", HostsUpdated(3, 4, broken_epoch=3, broken_reason="h0 died"))
         first, second = next(stream), next(stream)
-        stream.cancel()
-    finally:
-        channel.close()
     assert (first.epoch_broken.epoch, first.epoch_broken.reason) == (3, "h0 died")
     update = second.hosts_updated
     assert update.next_epoch == 4 and update.broken_epoch == 0 and update.slot.rank == 0
@@ -566,12 +565,8 @@ def test_stopping_the_server_closes_heartbeat_connections_at_once(
 
 
 def test_the_event_stream_names_the_heartbeat_port(driver: Driver) -> None:
-    with grpc.insecure_channel(driver.server.address) as channel:
-        stream = pb_grpc.ControlStub(channel).Events(
-            pb.EventsRequest(worker_id="w1"), metadata=AUTH
-        )
-        headers = dict(stream.initial_metadata())
-        stream.cancel()
+    with event_stream(driver, "w1") as (_, headers):
+        pass
     assert headers[BEAT_PORT_KEY] == str(driver.server.beat_port)
 
 

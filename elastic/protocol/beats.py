@@ -25,10 +25,9 @@ REFUSED = ord("R")
 MAX_FRAME = 4096  # bytes in one body, at most: a hello is a token and an id
 BEAT_PORT_KEY = "elastic-beat-port"  # the event stream's response header naming the port
 
-_LENGTH = struct.Struct("!H")
+_LENGTH = struct.Struct("!H")  # before a frame, and before each string in a frame
 _BEAT = struct.Struct("!HBqq")  # length, kind, round, commit: a whole beat frame
 _BEAT_BODY_LENGTH = _BEAT.size - _LENGTH.size
-_STRING = struct.Struct("!H")
 
 
 class FrameError(ElasticError, ValueError):
@@ -45,7 +44,7 @@ def _strings(*values: str) -> bytes:
     out = bytearray()
     for value in values:
         data = value.encode()
-        out += _STRING.pack(len(data)) + data
+        out += _LENGTH.pack(len(data)) + data
     return bytes(out)
 
 
@@ -53,8 +52,8 @@ def _read_strings(body: bytes, count: int) -> list[str]:
     values, offset = [], 1
     try:
         for _ in range(count):
-            (length,) = _STRING.unpack_from(body, offset)
-            offset += _STRING.size
+            (length,) = _LENGTH.unpack_from(body, offset)
+            offset += _LENGTH.size
             if offset + length > len(body):
                 raise FrameError("a string runs past the end of its frame")
             values.append(body[offset : offset + length].decode())
