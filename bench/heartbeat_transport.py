@@ -83,6 +83,9 @@ class CountingListener:
     def leave(self, worker_id: str, reason: str, commit: int) -> bool:
         return True
 
+    def unreachable(self, worker_id: str, round: int, ranks: frozenset[int]) -> bool:
+        return True
+
     def stream_opened(self, worker_id: str) -> asyncio.Queue[Any] | None:
         return asyncio.Queue()
 

@@ -82,6 +82,10 @@ class RecordingListener:
         self._record("leave", worker_id, reason, commit)
         return worker_id not in self.unknown
 
+    def unreachable(self, worker_id: str, round: int, ranks: frozenset[int]) -> bool:
+        self._record("unreachable", worker_id, round, ranks)
+        return worker_id not in self.unknown
+
     def stream_opened(self, worker_id: str) -> asyncio.Queue[ControlEvent] | None:
         self._record("stream_opened", worker_id)
         if worker_id in self.unknown or worker_id in self.refused_streams:
@@ -221,6 +225,29 @@ def test_register_and_heartbeats_reach_the_listener_at_the_interval(
     client.set_commit(5)
     client.leave("drained")  # with its commit count: it may hold the newest one
     assert driver.listener.of("leave", "w1")[0][2:4] == ("drained", 5)
+
+
+def test_unreachable_peers_reach_the_listener_and_bad_reports_are_refused(
+    driver: Driver, clients: list[ControlClient]
+) -> None:
+    client, _ = start_client(driver, clients, "w1")
+    client.report_unreachable(3, {2, 0})
+    assert driver.listener.wait_for("unreachable", "w1")[0][2:4] == (3, frozenset({0, 2}))
+    with grpc.insecure_channel(driver.server.address) as channel:
+        stub = pb_grpc.ControlStub(channel)
+        metadata = [("authorization", f"Bearer {TOKEN}")]
+        for request in (
+            pb.UnreachableRequest(worker_id="w1", round=-1, ranks=[0]),
+            pb.UnreachableRequest(worker_id="w1", round=3, ranks=[-4]),
+        ):
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Unreachable(request, metadata=metadata, timeout=5)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(driver.listener.of("unreachable", "w1")) == 1
+    # A worker the driver counts out is told so; the report never raises.
+    driver.listener.unknown.add("w1")
+    client.report_unreachable(3, {1})
+    assert len(driver.listener.of("unreachable", "w1")) == 2
 
 
 def test_events_arrive_in_membership_events(driver: Driver, clients: list[ControlClient]) -> None:
@@ -404,6 +431,7 @@ def test_calls_without_the_token_are_refused(
         calls: list[tuple[Any, Any]] = [
             (stub.Register, pb.RegisterRequest(worker_id="w", pid=1)),
             (stub.Leave, pb.LeaveRequest(worker_id="w", reason="r")),
+            (stub.Unreachable, pb.UnreachableRequest(worker_id="w", round=1, ranks=[0])),
             (lambda r, **kw: list(stub.Events(r, **kw)), pb.EventsRequest(worker_id="w")),
             (channel.unary_unary("/elastic.control.v1.Control/Nothing"), b""),
         ]

@@ -21,7 +21,7 @@ from elastic.driver.journal.resume import Tally
 from elastic.driver.launch.detached import AdoptedProcess
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.staffing import Staffing
-from elastic.driver.policy import leaving
+from elastic.driver.policy import leaving, reachability
 from elastic.driver.policy import rounds as policy
 from elastic.driver.policy import workers as on_workers
 from elastic.driver.policy.rounds import Decision, JobView, Phase
@@ -33,6 +33,7 @@ from elastic.driver.reports import (
     Joined,
     Judged,
     LeaveAsked,
+    PeersUnreachable,
     Report,
     Tick,
     Waiting,
@@ -46,6 +47,10 @@ log = logging.getLogger("elasticrun")
 
 DECISIONS_KEPT = 50  # the newest decisions `/v1/status` shows
 PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
+# Heartbeat intervals between a round's first unreachability report and the decision: its
+# members probe at about the same time (blocked in the same collective), so their reports
+# arrive together; a decision on the first alone could cut off the wrong host.
+UNREACHABLE_SETTLE = 2
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], None]
 
@@ -91,6 +96,8 @@ class Conductor:
         self._commit_at_fleet_loss: int | None = None  # newest commit when all last died
         self._last_progress = 0.0
         self._leavers: set[str] = set()  # workers that were handing their state over
+        # The current round's unreachability reports, by reporter (see `_on_unreachable`).
+        self._unreachable: tuple[int, dict[str, set[int]]] = (0, {})
 
     def resume(self, tally: Tally, finishing: bool) -> None:
         """Take up the counters and phase an earlier driver saved, its workers restored."""
@@ -126,6 +133,8 @@ class Conductor:
             if worker.state.alive:  # its commit first: a restarted driver may not know it yet
                 self._note_commit(worker, report.commit)
                 self.apply(leaving.asked(self.view(), worker, report.reason))
+        elif isinstance(report, PeersUnreachable):
+            self._on_unreachable(report)
         elif isinstance(report, HostsChanged):
             discovered = {h.hostname for h in self._watcher.tracker.discovered_hosts}
             self.apply(policy.hosts_removed(self.view(), report.change.removed, discovered))
@@ -291,6 +300,23 @@ class Conductor:
         if worker.state is WorkerState.LAUNCHING and worker.waiting_since is None:
             worker.waiting_since = self._clock()
         self.apply(on_workers.waiting(self.view(), worker, after, self._clock()))
+
+    def _on_unreachable(self, report: PeersUnreachable) -> None:
+        """Gather round `report.round`'s reports; the first one starts the wait for the others
+        (`UNREACHABLE_SETTLE` heartbeat intervals), after which `reachability.cut_off`
+        decides from all of them."""
+        number, reports = self._unreachable
+        if report.round != self._rendezvous.epoch or not self.phase.forms_rounds:
+            return
+        if number != report.round:
+            number, reports = self._unreachable = (report.round, {})
+            self._spawn(self._cut_off_after_settling(number))
+        reports.setdefault(report.worker_id, set()).update(report.ranks)
+
+    async def _cut_off_after_settling(self, number: int) -> None:
+        await asyncio.sleep(UNREACHABLE_SETTLE * self._settings.heartbeat_interval)
+        reports = self._unreachable[1] if self._unreachable[0] == number else {}
+        self.apply(reachability.cut_off(self.view(), number, reports, self._clock()))
 
     async def _reform_if_still_waiting(self, number: int) -> None:
         await asyncio.sleep(self._settings.heartbeat_interval)

@@ -72,11 +72,30 @@ class LeaveAsked:
 
 
 @dataclass(frozen=True)
+class PeersUnreachable:
+    """A member of round `round` found the peers of `ranks` unreachable (no probe answer)."""
+
+    worker_id: str
+    round: int
+    ranks: frozenset[int]
+
+
+@dataclass(frozen=True)
 class HostsChanged:
     """Discovery or a cooldown changed the usable hosts."""
 
     change: HostChange
 
 
-Report = WorkerExited | Judged | Tick | Waiting | Joined | Heard | LeaveAsked | HostsChanged
+Report = (
+    WorkerExited
+    | Judged
+    | Tick
+    | Waiting
+    | Joined
+    | Heard
+    | LeaveAsked
+    | PeersUnreachable
+    | HostsChanged
+)
 Reports = asyncio.Queue[Report]

@@ -34,6 +34,20 @@ class LeaveResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class UnreachableRequest(_message.Message):
+    __slots__ = ("worker_id", "round", "ranks")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    round: int
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_id: _Optional[str] = ..., round: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class UnreachableResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class EventsRequest(_message.Message):
     __slots__ = ("worker_id",)
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]

@@ -50,6 +50,11 @@ class ControlStub:
                 request_serializer=elastic_dot_protocol_dot_control__pb2.EventsRequest.SerializeToString,
                 response_deserializer=elastic_dot_protocol_dot_control__pb2.Event.FromString,
                 _registered_method=True)
+        self.Unreachable = channel.unary_unary(
+                '/elastic.control.v1.Control/Unreachable',
+                request_serializer=elastic_dot_protocol_dot_control__pb2.UnreachableRequest.SerializeToString,
+                response_deserializer=elastic_dot_protocol_dot_control__pb2.UnreachableResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -79,6 +84,16 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Unreachable(self, request, context):
+        """The worker, blocked in a collective of round `round` (or unable to connect to its
+        peers), found these peers of that round unreachable, while the driver may still hear
+        them (a partition between hosts). The driver cuts one side off and re-forms.
+        NOT_FOUND: the driver knows no such live worker (it must exit).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +111,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.Events,
                     request_deserializer=elastic_dot_protocol_dot_control__pb2.EventsRequest.FromString,
                     response_serializer=elastic_dot_protocol_dot_control__pb2.Event.SerializeToString,
+            ),
+            'Unreachable': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unreachable,
+                    request_deserializer=elastic_dot_protocol_dot_control__pb2.UnreachableRequest.FromString,
+                    response_serializer=elastic_dot_protocol_dot_control__pb2.UnreachableResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,6 +200,33 @@ class Control:
             '/elastic.control.v1.Control/Events',
             elastic_dot_protocol_dot_control__pb2.EventsRequest.SerializeToString,
             elastic_dot_protocol_dot_control__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unreachable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elastic.control.v1.Control/Unreachable',
+            elastic_dot_protocol_dot_control__pb2.UnreachableRequest.SerializeToString,
+            elastic_dot_protocol_dot_control__pb2.UnreachableResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -94,13 +94,16 @@ def _wait(work: dist.Work) -> None:
 
     Waits in short slices (no latency is added: a slice returns as soon as the work is done)
     and, between slices, checks whether the driver declared this epoch broken, because a Gloo
-    collective blocked on a hung peer cannot be interrupted any other way. Raises
+    collective blocked on a hung peer cannot be interrupted any other way; once it has blocked
+    for a while, the peers are probed (`PeerWatch`): a partition the driver does not see is
+    reported to it, and it breaks the round. Raises
     `WorkerLostError` when the collective fails (a peer died or closed its connections) or
     the epoch is broken, and `RuntimeError` with torch's message when the collective timeout
     passes.
     """
     ctx = current("a collective")
-    deadline = time.monotonic() + ctx.timeout
+    started = time.monotonic()
+    deadline = started + ctx.timeout
     while True:
         try:
             work.wait(timeout=_WAIT_SLICE)
@@ -112,6 +115,8 @@ def _wait(work: dist.Work) -> None:
         reason = ctx.events.broken(ctx.epoch)
         if reason is not None:
             raise WorkerLostError(f"round {ctx.epoch} is broken: {reason}")
+        if ctx.peers is not None and ctx.store is not None:
+            ctx.peers.blocked(ctx.store, ctx.epoch, ctx.rank, ctx.size, started)
         if time.monotonic() > deadline:
             raise RuntimeError(
                 f"a collective did not complete within {ctx.timeout:g} s (--collective-timeout)"

@@ -19,6 +19,7 @@ from elastic.worker.client import DriverClient
 from elastic.worker.config import WorkerConfig
 from elastic.worker.control import ControlClient
 from elastic.worker.membership import MembershipEvents
+from elastic.worker.reachability import PeerWatch
 
 
 class NotInitializedError(ElasticError, RuntimeError):
@@ -51,6 +52,8 @@ class WorkerContext:
     control: ControlClient | None = None  # gRPC: registration, heartbeats, events, leaving
     on_commit: Callable[[int], None] | None = None  # told each state commit's count
     job_commit: int = 0  # the newest commit count the driver knew of when this epoch formed
+    store: dist.Store | None = None  # this epoch's store (the driver's KV under its prefix)
+    peers: PeerWatch | None = None  # probes the peers of a collective that stays blocked
 
     @property
     def rank(self) -> int:

@@ -241,6 +241,16 @@ class ControlClient:
             "Leave", pb.LeaveRequest(worker_id=self.worker_id, reason=reason, commit=self.commit)
         )
 
+    def report_unreachable(self, round: int, ranks: set[int]) -> None:
+        """Tell the driver that the peers of `ranks` in round `round` answer no probe. Tries
+        for at most `EXIT_NOTICE_FOR` seconds and never raises (a driver that is away learns
+        it again from the next probe)."""
+        request = pb.UnreachableRequest(worker_id=self.worker_id, round=round, ranks=sorted(ranks))
+        try:
+            self._call("Unreachable", request, retry_for=EXIT_NOTICE_FOR)
+        except ControlError as err:
+            log.debug("could not tell the driver of unreachable peers: %s", err)
+
     def say_exiting(self, finished: bool) -> None:
         """Tell the driver this process is exiting (`finished`: its script returned), so it
         is judged by its exit code and not by heartbeats while it exits. Tries for at most

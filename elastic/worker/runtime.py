@@ -20,6 +20,7 @@ from elastic.worker.errors import WorkerLostError
 from elastic.worker.locator import DriverLocator
 from elastic.worker.membership import OFFER_WAIT, MembershipEvents, Offer
 from elastic.worker.process_group import abandon_group, create_group, device_for
+from elastic.worker.reachability import PeerWatch, ProbeResponder, address_toward, probe_round
 from elastic.worker.store import DriverStore
 
 log = logging.getLogger(__name__)
@@ -64,20 +65,23 @@ def init() -> None:
     )
     control.start()
     _say_exiting_first(control)
+    driver_host = control.address.rpartition(":")[0].strip("[]")
+    peers = PeerWatch(ProbeResponder(address_toward(driver_host)), control.report_unreachable)
     if config.elastic:
         _leave_on_sigterm(events, control)
         _warm_up()
     if config.slot is not None:  # one of the job's first workers: round 1 formed before launch
         events.offer(Offer(1, config.slot))
     try:
-        _enter_next_epoch(config, client, control, events, 0, config.start_timeout)
+        _enter_next_epoch(config, client, control, events, peers, 0, config.start_timeout)
     except NotMemberError:
-        _close(control, client)
+        _close(control, client, peers)
         log.info("this worker leaves the job before it joined")
         raise SystemExit(0) from None
     except BaseException:
         control.close()
         client.close()
+        peers.close()
         raise
 
 
@@ -135,6 +139,7 @@ def _enter_next_epoch(
     client: DriverClient,
     control: ControlClient,
     events: MembershipEvents,
+    peers: PeerWatch,
     after_epoch: int,
     join_timeout: float,
 ) -> None:
@@ -142,7 +147,8 @@ def _enter_next_epoch(
     and form its process group.
 
     A newer epoch forming while the group forms (a peer died meanwhile), or a peer that goes
-    away while the ranks connect (see `create_group`), makes it join a later epoch.
+    away while the ranks connect (see `create_group`), makes it join a later epoch; before
+    it does, it probes the peers that it could not connect to and reports the silent ones.
     The slot the driver sent on the event stream (`MembershipEvents.offer_after`), if any,
     is taken without asking; after a broken epoch it is awaited for up to `OFFER_WAIT` s,
     and only then is the epoch joined over HTTP.
@@ -161,12 +167,14 @@ def _enter_next_epoch(
         store = DriverStore(client, epoch, timeout)
         device = device_for(slot.local_rank)
         try:
+            peers.publish(store, slot.rank)
             group = create_group(store, slot.rank, slot.size, device, timeout)
         except EpochSuperseded:
             after_epoch = epoch
             continue
         except RuntimeError as err:  # a peer went away while the ranks connected
             log.warning("rank %d: forming round %d failed (%s); re-joining", slot.rank, epoch, err)
+            probe_round(store, epoch, slot.rank, slot.size, control.report_unreachable)
             after_epoch = epoch
             continue
         context.activate(
@@ -182,6 +190,8 @@ def _enter_next_epoch(
                 control=control,
                 on_commit=control.set_commit,
                 job_commit=job_commit,
+                store=store,
+                peers=peers,
             )
         )
         return
@@ -196,14 +206,17 @@ def rejoin() -> None:
     job), `DriverError` when no epoch with it forms within the start timeout.
     """
     ctx = context.current("hvd.elastic reset")
-    config, client, control = ctx.config, ctx.client, ctx.control
+    config, client, control, peers = ctx.config, ctx.client, ctx.control, ctx.peers
     assert config is not None and client is not None and control is not None, "set by init()"
+    assert peers is not None, "set by init()"
     abandon_group()
     context.activate(None)
     try:
-        _enter_next_epoch(config, client, control, ctx.events, ctx.epoch, config.rejoin_timeout)
+        _enter_next_epoch(
+            config, client, control, ctx.events, peers, ctx.epoch, config.rejoin_timeout
+        )
     except NotMemberError:
-        _close(control, client)
+        _close(control, client, peers)
         raise
 
 
@@ -215,16 +228,18 @@ def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     if ctx.control is not None and ctx.client is not None:  # none in a context made by hand
-        _close(ctx.control, ctx.client)
+        _close(ctx.control, ctx.client, ctx.peers)
     context.activate(None)
 
 
-def _close(control: ControlClient, client: DriverClient) -> None:
+def _close(control: ControlClient, client: DriverClient, peers: PeerWatch | None) -> None:
     """Tell the driver this worker exits (its stream closing is no death), then disconnect.
     Called while an exception propagates, the exit is not a finish."""
     control.say_exiting(finished=sys.exc_info()[0] is None)
     control.close()
     client.close()
+    if peers is not None:
+        peers.close()
 
 
 def is_initialized() -> bool:

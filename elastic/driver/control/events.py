@@ -61,6 +61,9 @@ class WorkerListener(Protocol):
         """A worker having made `commit` state commits asks to leave at its next commit
         (SIGTERM, drained host), or says it exits (reasons in `elastic.protocol.leave`)."""
 
+    def unreachable(self, worker_id: str, round: int, ranks: frozenset[int]) -> bool:
+        """A member of round `round` found its peers of `ranks` unreachable."""
+
     def stream_opened(self, worker_id: str) -> asyncio.Queue[ControlEvent] | None:
         """A worker opened its event stream: return the queue its events will come from."""
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 
 from elastic.driver.control.channels import ControlChannels
 from elastic.driver.control.events import ControlEvent
-from elastic.driver.reports import Heard, LeaveAsked, Reports
+from elastic.driver.reports import Heard, LeaveAsked, PeersUnreachable, Reports
 from elastic.driver.workers import Worker
 
 
@@ -64,6 +64,13 @@ class WorkerInputs:
         if self._live(worker_id) is None:
             return False
         self._reports.put_nowait(LeaveAsked(worker_id, reason, commit))
+        return True
+
+    def unreachable(self, worker_id: str, round: int, ranks: frozenset[int]) -> bool:
+        if self._live(worker_id) is None:
+            return False
+        if ranks:
+            self._reports.put_nowait(PeersUnreachable(worker_id, round, ranks))
         return True
 
     def stream_opened(self, worker_id: str) -> asyncio.Queue[ControlEvent] | None:

@@ -37,6 +37,7 @@ from elastic.protocol.http import SlotInfo
 log = logging.getLogger(__name__)
 
 MAX_REASON_LENGTH = 4096
+MAX_UNREACHABLE = 65_536  # ranks in one Unreachable report (the message size bounds it too)
 # Seconds a `HostsUpdated` that breaks a round waits for the worker's slot (a durable
 # backend saves the round first) before the break is written on its own.
 BREAK_HELD_FOR = 0.05
@@ -226,6 +227,19 @@ class _ControlService(pb_grpc.ControlServicer):
             lambda: self._listener.leave(request.worker_id, request.reason, request.commit),
         )
         return pb.LeaveResponse()
+
+    async def Unreachable(  # noqa: N802
+        self, request: pb.UnreachableRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.UnreachableResponse:
+        ranks = frozenset(request.ranks)
+        if len(ranks) > MAX_UNREACHABLE or any(rank < 0 for rank in ranks) or request.round < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad round or ranks")
+        await self._call_listener(
+            context,
+            request.worker_id,
+            lambda: self._listener.unreachable(request.worker_id, request.round, ranks),
+        )
+        return pb.UnreachableResponse()
 
     async def Events(  # noqa: N802
         self, request: pb.EventsRequest, context: aio.ServicerContext[Any, Any]
