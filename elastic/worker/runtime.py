@@ -9,6 +9,7 @@ import sys
 import threading
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import torch.distributed as dist
 
@@ -17,6 +18,7 @@ from elastic.worker.client import DriverClient, EpochSuperseded, NotMemberError
 from elastic.worker.config import WorkerConfig
 from elastic.worker.control import ControlClient, ControlError
 from elastic.worker.errors import WorkerLostError
+from elastic.worker.gloo_interface import choose_gloo_interface
 from elastic.worker.locator import DriverLocator
 from elastic.worker.membership import OFFER_WAIT, MembershipEvents, Offer
 from elastic.worker.process_group import abandon_group, create_group, device_for
@@ -33,11 +35,15 @@ def init() -> None:
     `DriverError` when no epoch with this worker forms within the start timeout. A worker
     the driver excluded before it joined (its host left the job, the job is ending, it got
     SIGTERM) ends with `SystemExit(0)`. In an elastic job, SIGTERM from here on makes the
-    worker leave at its next commit (`leave_on_sigterm`).
+    worker leave at its next commit (`leave_on_sigterm`). Unless the user set
+    `GLOO_SOCKET_IFNAME`, it is set to the interface that reaches the driver, so ranks on
+    other hosts can connect (`gloo_interface`).
     """
     if context.is_initialized():
         return
     config = WorkerConfig.from_env()
+    if driver_host := urlsplit(config.driver_url).hostname:
+        choose_gloo_interface(driver_host)  # before any group: see gloo_interface.py
     locator = DriverLocator(
         config.driver_url,
         config.control_address,
