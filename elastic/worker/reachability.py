@@ -40,14 +40,6 @@ def key(rank: int) -> str:
     return f"elastic/reach/{rank}"
 
 
-def address_toward(host: str) -> str:
-    """The local address this machine sends from to reach `host` (no packet is sent)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect((host, 9))
-        return probe.getsockname()[0]
-
-
 class ProbeResponder:
     """Echoes every probe datagram sent to `address` (host:port, the port free at start),
     from a daemon thread, until `close`. Datagrams that are not probes are dropped."""

@@ -18,11 +18,11 @@ from elastic.worker.client import DriverClient, EpochSuperseded, NotMemberError
 from elastic.worker.config import WorkerConfig
 from elastic.worker.control import ControlClient, ControlError
 from elastic.worker.errors import WorkerLostError
-from elastic.worker.gloo_interface import choose_gloo_interface
+from elastic.worker.gloo_interface import choose_gloo_interface, source_address
 from elastic.worker.locator import DriverLocator
 from elastic.worker.membership import OFFER_WAIT, MembershipEvents, Offer
 from elastic.worker.process_group import abandon_group, create_group, device_for
-from elastic.worker.reachability import PeerWatch, ProbeResponder, address_toward, probe_round
+from elastic.worker.reachability import PeerWatch, ProbeResponder, probe_round
 from elastic.worker.store import DriverStore
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,8 @@ def init() -> None:
     if context.is_initialized():
         return
     config = WorkerConfig.from_env()
-    if driver_host := urlsplit(config.driver_url).hostname:
+    driver_host = urlsplit(config.driver_url).hostname
+    if driver_host:
         choose_gloo_interface(driver_host)  # before any group: see gloo_interface.py
     locator = DriverLocator(
         config.driver_url,
@@ -71,8 +72,9 @@ def init() -> None:
     )
     control.start()
     _say_exiting_first(control)
-    driver_host = control.address.rpartition(":")[0].strip("[]")
-    peers = PeerWatch(ProbeResponder(address_toward(driver_host)), control.report_unreachable)
+    # Probes come to the address that reaches the driver, as Gloo's connections do.
+    address = (source_address(driver_host) if driver_host else None) or "127.0.0.1"
+    peers = PeerWatch(ProbeResponder(address), control.report_unreachable)
     if config.elastic:
         _leave_on_sigterm(events, control)
         _warm_up()

@@ -1,0 +1,217 @@
+"""Hosts that vanish, are cut off, or get a slow link, on the multi-host bed.
+
+A real `elasticrun` (the driver in the root namespace) trains `tests/workers/soak_job.py` on
+three bed hosts, one worker each, reached through ssh; hosts come from a discovery file. The
+faults act on the wire (tests/multihost/bed.py): nothing tells anyone, as when a spot
+instance disappears. Each worker appends its step lines (with the wall-clock time its
+allreduce returned) to a side file, which is how the tests see training go on.
+
+Times printed here are what one run measured; `bench/multihost.py` measures them properly.
+The tests assert what a user would check: training goes on at the right size, long before
+any timeout, every sample is trained exactly once per epoch, nothing is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RunningJob
+from tests.multihost.bed import Bed
+from tests.soak import HOSTS_FILE_SCRIPT, SOAK_JOB, SideFiles, StepLine
+
+pytestmark = [pytest.mark.multihost, pytest.mark.timeout(240)]
+
+HEARTBEAT = 0.5
+MISSES = 3
+# What a test allows recovery to take: far below every timeout that could end a wait
+# instead (the collective timeout is 1800 s, Gloo's connection timeout 2 s x 5, ssh's 30 s).
+RECOVERY_LIMIT = 8.0
+
+
+class BedJob:
+    """`soak_job.py` on the bed's hosts (one slot each), from a discovery file."""
+
+    def __init__(
+        self,
+        bed: Bed,
+        elasticrun: Callable[..., RunningJob],
+        folder: Path,
+        *extra: str,
+    ) -> None:
+        self.bed = bed
+        self.folder = folder
+        self.side = SideFiles(folder / "side")
+        self.side.folder.mkdir()
+        self.stop_file = folder / "stop"
+        self.hosts_file = folder / "hosts"
+        self.hosts_file.write_text("".join(f"{h.address}:1\n" for h in bed.hosts))
+        n = len(bed.hosts)
+        self.job = elasticrun(
+            ["-np", str(n), "--min-np", "1", "--max-np", str(n),
+             "--host-discovery-script", str(HOSTS_FILE_SCRIPT), "--discovery-interval", "0.5",
+             "--heartbeat-interval", str(HEARTBEAT), "--collective-timeout", "1800",
+             "--blacklist-cooldown-range", "2", "4", "--start-timeout", "60",
+             *bed.ssh_args(), *extra,
+             sys.executable, str(SOAK_JOB), "--out", str(folder),
+             "--side-dir", str(self.side.folder), "--stop-file", str(self.stop_file),
+             "--step-delay", "0.05", "--samples", "96"],
+            env={"ELASTIC_HOSTS_FILE": str(self.hosts_file)},
+        )  # fmt: skip
+
+    def step(self, wanted: Callable[[StepLine], bool], timeout: float, why: str) -> StepLine:
+        """The first step line that is `wanted`, waiting up to `timeout` s for it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.side.poll()
+            found = [s for s in self.side.steps if wanted(s)]
+            if found:
+                return min(found, key=lambda s: s.t)
+            if time.monotonic() > deadline or self.job.process.poll() is not None:
+                raise AssertionError(f"{why}: no such step within {timeout:g} s\n{self.tail()}")
+            time.sleep(0.05)
+
+    def steps_between(self, first: float, last: float) -> list[StepLine]:
+        self.side.poll()
+        return [s for s in self.side.steps if first <= s.t <= last]
+
+    def training_at(self, size: int, after: float, timeout: float = 90.0) -> StepLine:
+        return self.step(lambda s: s.size == size and s.t > after, timeout, f"size {size}")
+
+    def finish(self) -> dict:
+        """Stop the job at its next epoch; its exit code must be 0 and every sample trained
+        exactly once per epoch. Returns the result rank 0 wrote."""
+        self.stop_file.touch()
+        assert self.job.finish(timeout=120) == 0, self.tail()
+        result = json.loads((self.folder / "result.json").read_text())
+        assert set(result["counts"]) == {float(result["epochs"])}, result
+        return result
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.job.lines[-lines:])
+
+    def launcher_says(self, pattern: str, timeout: float = 10.0) -> str:
+        return self.job.wait_for(pattern, timeout=timeout).group(0)
+
+
+@pytest.fixture
+def bed_job(
+    bed: Bed, elasticrun: Callable[..., RunningJob], tmp_path: Path
+) -> Iterator[Callable[..., BedJob]]:
+    def start(*extra: str) -> BedJob:
+        return BedJob(bed, elasticrun, tmp_path, *extra)
+
+    yield start
+
+
+def workers_on(bed: Bed, host: str) -> list[int]:
+    """The training processes (not sshd, not the agent) running in `host`'s namespace."""
+    found = []
+    for pid in bed.pids(host):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(part.endswith(b"soak_job.py") for part in command) and b"-m" not in command[1:2]:
+            found.append(pid)
+    return found
+
+
+def test_a_vanished_host_is_left_behind_after_the_missed_heartbeats_and_comes_back(
+    bed: Bed, bed_job: Callable[..., BedJob]
+) -> None:
+    """h3 loses power mid-step: no RST, no FIN, its ssh session hangs. The driver declares its
+    worker dead after 3 missed heartbeats, the survivors abandon their blocked collective on
+    the driver's word, and train on at size 2 long before any timeout. When h3 comes back
+    (same address, a fresh machine), it gets a worker again after its cooldown."""
+    job = bed_job()
+    job.training_at(3, after=0.0)
+    time.sleep(1.0)
+    vanished = time.time()
+    bed.vanish("h3")
+    recovered = job.training_at(2, after=vanished, timeout=RECOVERY_LIMIT)
+    print(f"host vanished -> next step at size 2: {recovered.t - vanished:.2f} s")
+    assert recovered.t - vanished < RECOVERY_LIMIT
+    job.launcher_says(rf"host {re.escape(bed.address('h3'))} .*missed {MISSES} heartbeats")
+    # The survivors were told, not timed out: no Gloo or TCP timeout ended their collective.
+    assert not any("timed out" in line.lower() for line in job.job.lines), job.tail()
+
+    bed.back("h3")
+    returned = time.time()
+    rejoined = job.training_at(3, after=returned, timeout=60)
+    print(f"host back -> training at size 3 again: {rejoined.t - returned:.2f} s")
+    job.finish()
+
+
+def test_partitions_and_a_slow_link(bed: Bed, bed_job: Callable[..., BedJob]) -> None:
+    """One job through four faults of h3's wire, in turn:
+    * 50 ms delay and 1 % loss: training goes on at size 3, slower, and nobody is declared
+      dead;
+    * cut off from the driver for less than the heartbeat allowance: no re-form, its worker
+      keeps training;
+    * cut off from the driver for longer: the driver counts it out and re-forms at size 2;
+      when the cut heals its stale worker is told to leave, and there is never more than one
+      worker on h3's slot;
+    * cut off from its peers only (the driver still hears it): the round breaks on the
+      members' probe reports, not on a timeout, and the next round leaves h3 out.
+    """
+    job = bed_job()
+    job.training_at(3, after=0.0)
+    start = time.time()
+    time.sleep(3.0)
+    fast_rate = len(job.steps_between(start, time.time())) / (time.time() - start)
+
+    bed.slow("h3", delay_ms=50, loss_pct=1.0)
+    slowed = time.time()
+    time.sleep(6.0)
+    during = job.steps_between(slowed, time.time())
+    slow_rate = len(during) / (time.time() - slowed)
+    bed.fast("h3")
+    print(f"steps/s of rank 0: {fast_rate / 3:.1f} fast, {slow_rate / 3:.1f} at 50 ms 1 % loss")
+    assert during and {s.size for s in during} == {3}, job.tail()
+    assert "heartbeats" not in "\n".join(job.job.stderr), job.tail()
+
+    # A cut shorter than the allowance: nothing happens.
+    cut = time.time()
+    bed.partition("h3", from_="driver")
+    time.sleep(HEARTBEAT * MISSES * 0.6)
+    bed.heal("h3")
+    time.sleep(HEARTBEAT * MISSES * 2)
+    after_short = job.steps_between(cut, time.time())
+    assert after_short and {s.size for s in after_short} == {3}, job.tail()
+    assert "heartbeats" not in "\n".join(job.job.stderr), job.tail()
+
+    # A longer cut: h3 is counted out; on healing its stale worker leaves.
+    (stale,) = workers_on(bed, "h3")
+    cut = time.time()
+    bed.partition("h3", from_="driver")
+    recovered = job.training_at(2, after=cut, timeout=RECOVERY_LIMIT)
+    print(f"cut from the driver -> next step at size 2: {recovered.t - cut:.2f} s")
+    assert stale in workers_on(bed, "h3"), "a partitioned host's worker lives on, unaware"
+    bed.heal("h3")
+    healed = time.monotonic()
+    most_on_slot = 0
+    while stale in workers_on(bed, "h3"):
+        most_on_slot = max(most_on_slot, len(workers_on(bed, "h3")))
+        assert time.monotonic() - healed < 30, "the stale worker was not told to leave"
+        time.sleep(0.05)
+    print(f"healed -> stale worker gone: {time.monotonic() - healed:.2f} s")
+    back = job.training_at(3, after=time.time(), timeout=60)
+    assert most_on_slot <= 1, "two workers on h3's one slot"
+
+    # Cut off from its peers only.
+    cut = time.time()
+    bed.partition("h3", from_="peers")
+    recovered = job.training_at(2, after=cut, timeout=RECOVERY_LIMIT + 5)
+    print(f"cut from its peers -> next step at size 2: {recovered.t - cut:.2f} s")
+    job.launcher_says(rf"host {re.escape(bed.address('h3'))} is unreachable from its peers")
+    bed.heal("h3")
+    job.training_at(3, after=time.time(), timeout=60)
+    del back
+    job.finish()
