@@ -8,6 +8,9 @@ counter, so both must start from the same name (soak seed 1 stalled with names "
 from __future__ import annotations
 
 import multiprocessing
+import signal
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -197,3 +200,59 @@ def test_a_peer_gone_while_three_ranks_connect_holds_the_others_ten_seconds_at_m
     finally:
         for member in members:
             _reap(member, 10)
+
+
+# A rank that forms a 2-rank group, starts an all-reduce its peer never joins (the peer is
+# SIGSTOPped: silent, its connections open, as a vanished or partitioned host's), abandons the
+# group as a re-form does, and then returns from its script.
+_ABANDONING_RANK = """
+import sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+from elastic.worker.process_group import abandon_group, create_group
+
+rank = int(sys.argv[2])
+store = dist.FileStore(sys.argv[1], 2)
+create_group(store, rank, 2, torch.device("cpu"), timedelta(seconds=60))
+print("formed", flush=True)
+if rank == 1:
+    time.sleep(600)
+sys.stdin.readline()  # the test has stopped rank 1
+dist.all_reduce(torch.ones(1), async_op=True)
+time.sleep(0.5)
+abandon_group()
+print("abandoned", flush=True)
+"""
+
+
+def test_a_process_that_abandoned_a_group_blocked_on_a_silent_peer_exits_at_once(
+    tmp_path: Path,
+) -> None:
+    """Destroying an abandoned group at interpreter exit would join its threads, which wait
+    for a silent peer until the collective timeout (a finished job's launcher never exited:
+    multi-host bed, a host cut off from its peers earlier in the job)."""
+    store = str(tmp_path / "epoch-1")
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", _ABANDONING_RANK, store, str(rank)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    try:
+        for rank in ranks:
+            assert rank.stdout is not None and rank.stdout.readline() == "formed\n"
+        ranks[1].send_signal(signal.SIGSTOP)
+        assert ranks[0].stdin is not None and ranks[0].stdout is not None
+        ranks[0].stdin.write("go\n")
+        ranks[0].stdin.flush()
+        assert ranks[0].stdout.readline() == "abandoned\n"
+        started = time.monotonic()
+        assert ranks[0].wait(timeout=30) == 0
+        assert time.monotonic() - started < 10
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()

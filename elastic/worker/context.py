@@ -6,6 +6,7 @@ This is the only module-level mutable state in the package.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,8 +81,13 @@ def is_initialized() -> bool:
 
 
 def bury(group: Any) -> None:
-    """Keep an abandoned process group referenced for the rest of the process's life."""
+    """Keep an abandoned process group referenced for the rest of the process's life, and
+    through interpreter exit: its destructor would join threads that may still be blocked on
+    a silent peer (a vanished or partitioned host never closes its connections), holding the
+    exit until the collective timeout, or aborting it. The reference is never released, so
+    that destructor never runs; the process's end reclaims the group."""
     _graveyard.append(group)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
 
 
 def has_abandoned_groups() -> bool:
