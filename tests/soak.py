@@ -40,6 +40,7 @@ from tests.etcd_server import EtcdServer
 SOAK_JOB = Path(__file__).parent / "workers" / "soak_job.py"
 HOSTS_FILE_SCRIPT = Path(__file__).parent.parent / "discovery_scripts" / "hosts_file.sh"
 KEEPER = "elastic.driver.launch.keeper"
+AGENT = "elastic.driver.launch.ssh_agent"
 DRIVER = "elastic.driver.cli"
 
 KINDS = (
@@ -169,11 +170,14 @@ def _state(pid: int) -> str | None:
 
 def job_processes(marker: str) -> dict[int, tuple[str, str, list[str]]]:
     """The live processes of a job whose command lines name `marker` (the test's tmp_path):
-    pid -> (role, state letter, argv), role being `worker`, `keeper` or `driver`."""
+    pid -> (role, state letter, argv), role being `worker`, `keeper`, `agent` (the ssh
+    agent of a remote worker) or `driver`."""
     found = {}
     for pid, argv in processes_naming(marker).items():
         if KEEPER in argv:
             role = "keeper"
+        elif AGENT in argv:
+            role = "agent"
         elif DRIVER in argv:
             role = "driver"
         elif any(arg.endswith(SOAK_JOB.name) for arg in argv):
@@ -186,12 +190,31 @@ def job_processes(marker: str) -> dict[int, tuple[str, str, list[str]]]:
     return found
 
 
+def dump_stacks(folder: Path, why: str) -> None:
+    """Append where every live process naming `folder` is to `folder/stacks.txt` (needs
+    `py-spy`, which the tests do not install: a diagnosis aid for whoever reproduces a
+    hang)."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return
+    with open(folder / "stacks.txt", "a") as out:
+        out.write(f"=== {why}\n")
+        for pid, (role, state, _) in sorted(job_processes(str(folder)).items()):
+            dump = subprocess.run(
+                [spy, "dump", "--locals", "--pid", str(pid)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            out.write(f"--- pid {pid} {role} state {state}\n{dump.stdout}{dump.stderr}\n")
+
+
 def recovery_table(faults: list[Fault], steps: list[StepLine]) -> dict[str, dict]:
-    """Per fault kind: how long from the fault to the next training step (any rank):
+    """Per fault kind thrown: how long from the fault to the next training step (any rank):
     count, median and max in seconds, and how many faults no step followed."""
     times = sorted(s.t for s in steps)
     table: dict[str, dict] = {}
-    for kind in KINDS:
+    for kind in dict.fromkeys(f.kind for f in faults):
         waits, never = [], 0
         for fault in (f for f in faults if f.kind == kind):
             later = [t for t in times if t > fault.at]
@@ -242,6 +265,8 @@ class SoakConfig:
     hosts: tuple[str, ...] = ("localhost", "127.0.0.1")
     slots: int = 2
     job_id: str = "soak"
+    weights: dict[str, int] = field(default_factory=lambda: dict(WEIGHTS))  # kind -> weight
+    launcher_args: tuple[str, ...] = ()  # more `elasticrun` flags (ssh options)
 
 
 @dataclass
@@ -284,7 +309,7 @@ class Soak:
             # a hung joiner (the only one that could take a leaver's state) is timed out, and a
             # new one started, within the stall limit; yet four workers importing torch at once
             # on 2 cores (after the fleet is lost) take up to ~13 s to reach the rendezvous
-            "--start-timeout", "25",
+            "--start-timeout", "25", *c.launcher_args,
             sys.executable, str(SOAK_JOB), "--out", str(self.folder),
             "--side-dir", str(self.side.folder), "--stop-file", str(self.stop_file),
         ]  # fmt: skip
@@ -336,24 +361,7 @@ class Soak:
 
     def _anomaly(self, what: str, since: float) -> None:
         self.anomalies.append({"what": what, "since": since, "until": time.time()})
-        self._dump_stacks(f"{len(self.anomalies)}: {what}")
-
-    def _dump_stacks(self, why: str) -> None:
-        """Where every live process of the job is, into `stacks.txt` (needs `py-spy`, which
-        the soak does not install: a diagnosis aid for whoever reproduces a seed)."""
-        spy = shutil.which("py-spy")
-        if spy is None:
-            return
-        with open(self.folder / "stacks.txt", "a") as out:
-            out.write(f"=== anomaly {why}\n")
-            for pid, (role, state, _) in sorted(job_processes(str(self.folder)).items()):
-                dump = subprocess.run(
-                    [spy, "dump", "--locals", "--pid", str(pid)],
-                    capture_output=True,
-                    text=True,
-                    timeout=30,
-                )
-                out.write(f"--- pid {pid} {role} state {state}\n{dump.stdout}{dump.stderr}\n")
+        dump_stacks(self.folder, f"{len(self.anomalies)}: {what}")
 
     def _event(self, what: str) -> None:
         self.events.append(Event(time.time(), what))
@@ -440,10 +448,11 @@ class Soak:
 
     def plan(self) -> list[str]:
         """The kinds of the faults in order: every kind once (shuffled), then weighted."""
-        kinds = list(KINDS)
+        weights = self.config.weights
+        kinds = list(weights)
         self.rng.shuffle(kinds)
         rest = self.rng.choices(
-            list(WEIGHTS), weights=list(WEIGHTS.values()), k=max(0, self.config.faults - 7)
+            kinds, weights=[weights[k] for k in kinds], k=max(0, self.config.faults - len(kinds))
         )
         return (kinds + rest)[: self.config.faults]
 

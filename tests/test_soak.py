@@ -31,6 +31,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,19 +49,21 @@ from tests.soak import (
 )
 
 
-def soak_config(default_faults: int) -> SoakConfig:
+def soak_config(default_faults: int, **fields: Any) -> SoakConfig:
+    """The soak's settings: ELASTIC_SOAK_SEED and ELASTIC_SOAK_FAULTS win over a new seed and
+    `default_faults`; `fields` set the others."""
     seed = os.environ.get("ELASTIC_SOAK_SEED")
     faults = int(os.environ.get("ELASTIC_SOAK_FAULTS", default_faults))
     return SoakConfig(seed=int(seed) if seed else random.SystemRandom().randrange(10**6),
-                      faults=faults)  # fmt: skip
+                      faults=faults, **fields)  # fmt: skip
 
 
-def run_soak(
-    tmp_path: Path, etcd: EtcdServer, config: SoakConfig, capsys: pytest.CaptureFixture
-) -> None:
+def run_soak(soak: Soak, capsys: pytest.CaptureFixture) -> None:
+    """Run `soak` to its end, write its records into its folder (and ELASTIC_SOAK_REPORT_DIR),
+    print its recovery table, and fail with every failed check."""
+    config, tmp_path = soak.config, soak.folder
     with capsys.disabled():
         print(f"\nsoak: seed {config.seed}, {config.faults} faults, in {tmp_path}", flush=True)
-    soak = Soak(config, tmp_path, etcd)
     try:
         soak.start()
         soak.inject()
@@ -163,13 +166,13 @@ def relayed_steps(soak: Soak) -> list[StepLine]:
 
 @pytest.mark.timeout(330)
 def test_fault_soak(etcd: EtcdServer, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    run_soak(tmp_path, etcd, soak_config(25), capsys)
+    run_soak(Soak(soak_config(25), tmp_path, etcd), capsys)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_fault_soak_full(etcd: EtcdServer, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    run_soak(tmp_path, etcd, soak_config(120), capsys)
+    run_soak(Soak(soak_config(120), tmp_path, etcd), capsys)
 
 
 @pytest.mark.timeout(120)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ import pytest
 
 from tests.conftest import RunningJob
 from tests.multihost.bed import Bed
-from tests.soak import HOSTS_FILE_SCRIPT, SOAK_JOB, SideFiles, StepLine
+from tests.soak import HOSTS_FILE_SCRIPT, SOAK_JOB, SideFiles, StepLine, dump_stacks
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(240)]
 
@@ -88,7 +89,12 @@ class BedJob:
         """Stop the job at its next epoch; its exit code must be 0 and every sample trained
         exactly once per epoch. Returns the result rank 0 wrote."""
         self.stop_file.touch()
-        assert self.job.finish(timeout=120) == 0, self.tail()
+        try:
+            code = self.job.process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            dump_stacks(self.folder, "the job did not stop within 120 s")
+            raise AssertionError(f"the job did not stop within 120 s\n{self.tail()}") from None
+        assert self.job.finish(timeout=30) == code == 0, self.tail()
         result = json.loads((self.folder / "result.json").read_text())
         assert set(result["counts"]) == {float(result["epochs"])}, result
         return result

@@ -1,0 +1,153 @@
+"""The fault soak on the multi-host bed: `tests/soak.py`'s job and process faults, with the
+job's hosts in network namespaces reached through ssh, and the bed's own faults beside them.
+
+The bed's faults, each on one host chosen at random among those up:
+- `host_vanish`: power loss (no RST, no FIN), the host back as a fresh machine 1-5 s later;
+- `partition_driver`: cut off from the driver for 0.3-4 s (shorter or longer than the
+  missed-heartbeat allowance of 1.5 s), its peers still reach it;
+- `partition_peers`: cut off from its peers for 1-5 s, the driver still hears it;
+- `link_flap`: its wire down for 0.2-1 s;
+- `slow_link`: 50 ms delay and 1 % loss on its packets for 2-6 s.
+At least one host is always up and in discovery. Everything else (the checks, the plan, the
+recovery table) is `Soak`'s; no process of the job may be left in any namespace at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.multihost.bed import Bed
+from tests.soak import WEIGHTS, Soak, job_processes
+
+BED_WEIGHTS = {
+    **WEIGHTS,
+    "host_vanish": 4,
+    "partition_driver": 3,
+    "partition_peers": 3,
+    "link_flap": 2,
+    "slow_link": 2,
+}
+"""The bed soak's fault kinds and their weights: the process faults and the bed's."""
+
+
+@dataclass
+class BedSoak(Soak):
+    """A `Soak` whose hosts are `bed`'s (one per namespace), with the bed's faults."""
+
+    bed: Bed | None = None
+    _down: set[str] = field(default_factory=set)  # vanished hosts, not back yet
+    _faulted: set[str] = field(default_factory=set)  # hosts cut off or slowed, not healed
+
+    @property
+    def _bed(self) -> Bed:
+        assert self.bed is not None, "a BedSoak needs its bed"
+        return self.bed
+
+    def _up(self) -> list[str]:
+        """Hosts that are neither vanished nor out of discovery."""
+        return [h for h in self.config.hosts if h not in self._down and h not in self._removed]
+
+    def _target(self, spare_one: bool) -> str | None:
+        """A host to hit: up and not under another wire fault. With `spare_one`, never the
+        last host up (pending returns are made first)."""
+        if spare_one and len(self._up()) <= 1:
+            self._run_pending(lambda what: what.startswith("host back"))
+        candidates = [h for h in self._up() if h not in self._faulted]
+        if spare_one and len(self._up()) <= 1:
+            return None
+        return self.rng.choice(candidates) if candidates else None
+
+    def _until(
+        self, low: float, high: float, host: str, what: str, undo: Callable[[], None]
+    ) -> float:
+        """Undo a wire fault of `host` after a random delay (not if it vanished meanwhile)."""
+        delay = self.rng.uniform(low, high)
+
+        def end() -> None:
+            self._faulted.discard(host)
+            if host not in self._down:
+                undo()
+
+        self._faulted.add(host)
+        self._later(delay, f"{what} {host}", end)
+        return delay
+
+    def _fault_host_vanish(self) -> str | None:
+        host = self._target(spare_one=True)
+        if host is None:
+            return None
+        self.signalled.update(self._bed.pids(host))
+        self._bed.vanish(host)
+        self._down.add(host)
+        self._faulted.discard(host)
+        delay = self.rng.uniform(1.0, 5.0)
+
+        def back() -> None:
+            self._bed.back(host)
+            self._down.discard(host)
+
+        self._later(delay, f"host back {host} (vanished)", back)
+        return f"host {host} vanished, back in {delay:.2f} s"
+
+    def _fault_partition_driver(self) -> str | None:
+        host = self._target(spare_one=False)
+        if host is None:
+            return None
+        self._bed.partition(host, from_="driver")
+        delay = self._until(0.3, 4.0, host, "heal", lambda: self._bed.heal(host))
+        return f"host {host} cut off from the driver for {delay:.2f} s"
+
+    def _fault_partition_peers(self) -> str | None:
+        host = self._target(spare_one=True)
+        if host is None:
+            return None
+        self._bed.partition(host, from_="peers")
+        delay = self._until(1.0, 5.0, host, "heal", lambda: self._bed.heal(host))
+        return f"host {host} cut off from its peers for {delay:.2f} s"
+
+    def _fault_link_flap(self) -> str | None:
+        host = self._target(spare_one=False)
+        if host is None:
+            return None
+        seconds = self.rng.uniform(0.2, 1.0)
+        self._bed.flap(host, seconds)
+        return f"host {host}'s link down for {seconds:.2f} s"
+
+    def _fault_slow_link(self) -> str | None:
+        host = self._target(spare_one=False)
+        if host is None:
+            return None
+        self._bed.slow(host, delay_ms=50, loss_pct=1.0)
+        delay = self._until(2.0, 6.0, host, "fast", lambda: self._bed.fast(host))
+        return f"host {host} at 50 ms and 1 % loss for {delay:.2f} s"
+
+    def leftovers(self, wait: float = 15.0) -> dict[int, tuple[str, str, list[str]]]:
+        """`Soak.leftovers`, and any process in a bed host but its sshd and delay queue."""
+        deadline = time.monotonic() + wait
+        while True:
+            left = job_processes(str(self.folder))
+            for host in self._bed.hosts:
+                for pid in self._bed.pids(host.name):
+                    argv = _argv(pid)
+                    if argv and not _bed_own(argv):
+                        left.setdefault(pid, ("in " + host.name, "?", argv))
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.2)
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _bed_own(argv: list[str]) -> bool:
+    """Whether a process in a bed host is the bed's own (its sshd, its delay queue)."""
+    program = argv[0].partition(":")[0]  # "sshd: root@notty" for a login's own process
+    return program.endswith("sshd") or any(part.endswith("delay_queue.py") for part in argv)
