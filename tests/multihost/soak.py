@@ -10,6 +10,8 @@ The bed's faults, each on one host chosen at random among those up:
 - `slow_link`: 50 ms delay and 1 % loss on its packets for 2-6 s.
 At least one host is always up and in discovery. Everything else (the checks, the plan, the
 recovery table) is `Soak`'s; no process of the job may be left in any namespace at the end.
+One check is looser: a worker's last output before its host lost its link to the driver may
+be lost with the link (`may_lose`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.multihost.bed import Bed
-from tests.soak import WEIGHTS, Soak, job_processes
+from tests.soak import WEIGHTS, Soak, StepLine, job_processes
 
 BED_WEIGHTS = {
     **WEIGHTS,
@@ -32,6 +34,8 @@ BED_WEIGHTS = {
 }
 """The bed soak's fault kinds and their weights: the process faults and the bed's."""
 
+OUTPUT_IN_FLIGHT = 1.0  # seconds of a worker's output that may be on its way to the driver
+
 
 @dataclass
 class BedSoak(Soak):
@@ -40,6 +44,8 @@ class BedSoak(Soak):
     bed: Bed | None = None
     _down: set[str] = field(default_factory=set)  # vanished hosts, not back yet
     _faulted: set[str] = field(default_factory=set)  # hosts cut off or slowed, not healed
+    _cut_off: dict[int, float] = field(default_factory=dict)  # pid -> when its link to the
+    # driver was first lost (vanish, partition from the driver, flap)
 
     @property
     def _bed(self) -> Bed:
@@ -75,11 +81,27 @@ class BedSoak(Soak):
         self._later(delay, f"{what} {host}", end)
         return delay
 
+    def _losing_driver(self, host: str) -> None:
+        """`host`'s link to the driver is lost now: output its workers printed since the
+        driver last read it may never reach the launcher."""
+        now = time.time()
+        for pid in self._bed.pids(host):
+            self._cut_off.setdefault(pid, now)
+
+    def may_lose(self, pid: int, line: str) -> bool:
+        """Lines a worker printed at most `OUTPUT_IN_FLIGHT` s before its host's link to the
+        driver was lost, or after, may be lost with the link (as on a machine that loses
+        power, or whose driver declares it dead while cut off)."""
+        since = self._cut_off.get(pid)
+        step = StepLine.parse(line)
+        return since is not None and step is not None and step.t >= since - OUTPUT_IN_FLIGHT
+
     def _fault_host_vanish(self) -> str | None:
         host = self._target(spare_one=True)
         if host is None:
             return None
         self.signalled.update(self._bed.pids(host))
+        self._losing_driver(host)
         self._bed.vanish(host)
         self._down.add(host)
         self._faulted.discard(host)
@@ -96,6 +118,7 @@ class BedSoak(Soak):
         host = self._target(spare_one=False)
         if host is None:
             return None
+        self._losing_driver(host)
         self._bed.partition(host, from_="driver")
         delay = self._until(0.3, 4.0, host, "heal", lambda: self._bed.heal(host))
         return f"host {host} cut off from the driver for {delay:.2f} s"
@@ -113,6 +136,7 @@ class BedSoak(Soak):
         if host is None:
             return None
         seconds = self.rng.uniform(0.2, 1.0)
+        self._losing_driver(host)
         self._bed.flap(host, seconds)
         return f"host {host}'s link down for {seconds:.2f} s"
 
