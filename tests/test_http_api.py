@@ -318,6 +318,33 @@ def test_join_returns_the_slot_and_epoch_or_pending() -> None:
     run(check)
 
 
+def test_the_job_s_end_answers_every_key_wait_at_once() -> None:
+    """A worker's long poll must not hold up the driver's exit (its host may have vanished,
+    and the poll would run its full timeout)."""
+    services = make_services()
+    services.rendezvous.form([("w1", "h")])
+
+    async def check() -> None:
+        transport = httpx.ASGITransport(app=create_app(services))
+        async with httpx.AsyncClient(transport=transport, base_url="http://d") as client:
+            waits = [
+                asyncio.create_task(client.post(path, json=body, headers=AUTH))
+                for path, body in (
+                    ("/v1/kv/get", {"epoch": 1, "key": "k", "timeout": 30}),
+                    ("/v1/kv/wait", {"epoch": 1, "keys": ["k"], "timeout": 30}),
+                )
+            ]
+            await asyncio.sleep(0.05)
+            assert not any(wait.done() for wait in waits)
+            services.rendezvous.close()
+            for wait in waits:
+                answer = await asyncio.wait_for(wait, 5)
+                assert answer.status_code == 410
+                assert "ends with the job" in answer.text
+
+    asyncio.run(check())
+
+
 def test_a_newer_epoch_supersedes_waits_and_excluded_workers_are_told_to_leave() -> None:
     services = make_services()
     services.rendezvous.form([("w1", "h"), ("w2", "h")])

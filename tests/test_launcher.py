@@ -130,7 +130,8 @@ def test_workers_that_never_join_fail_the_start_timeout(elasticrun, tmp_path: Pa
     script = write_script(tmp_path, "sleeper.py", SLEEPER)
     job = elasticrun(["-np", "2", "--start-timeout", "2", sys.executable, str(script)])
     assert job.finish(30) == 1
-    assert "rank(s) [0, 1] did not join the rendezvous within 2 s" in job.output
+    said = "rank(s) [0, 1] on host(s) localhost did not join the rendezvous within 2 s"
+    assert said in job.output
 
 
 @pytest.mark.parametrize(

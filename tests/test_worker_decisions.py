@@ -174,7 +174,9 @@ def test_a_static_job_whose_worker_did_not_join_ends_naming_every_missing_rank()
     job = view(late, worker("r1", M, slot=1), worker("r2", M, slot=2, joined=True),
                members=("r0", "r1", "r2"), elastic=None)  # fmt: skip
     decision = judged(job, late, Verdict.NOT_JOINED, 30.0, NOW)
-    message = "rank(s) [0, 1] did not join the rendezvous within 30 s (--start-timeout)"
+    message = (
+        "rank(s) [0, 1] on host(s) a did not join the rendezvous within 30 s (--start-timeout)"
+    )
     assert decision.actions == (Signal("r0", kill=True), Finish(1, message))
 
 

@@ -221,3 +221,27 @@ def test_partitions_and_a_slow_link(bed: Bed, bed_job: Callable[..., BedJob]) ->
     job.training_at(3, after=time.time(), timeout=60)
     del back
     job.finish()
+
+
+def test_a_host_that_vanishes_during_the_first_launch_fails_the_launch_by_name(
+    bed: Bed, elasticrun: Callable[..., RunningJob], tmp_path: Path
+) -> None:
+    """A static job whose third host loses power while its worker starts: the launch fails
+    within the start timeout, with a line naming the host; it does not hang on the silent
+    ssh session."""
+    hosts = ",".join(f"{host.address}:1" for host in bed.hosts)
+    job = elasticrun(
+        ["-np", "3", "-H", hosts, *bed.ssh_args(), "--start-timeout", "20",
+         sys.executable, str(SOAK_JOB), "--out", str(tmp_path), "--side-dir", str(tmp_path),
+         "--stop-file", str(tmp_path / "stop")]
+    )  # fmt: skip
+    job.wait_for(r"worker pid=", timeout=60)  # the workers are starting
+    bed.vanish("h3")
+    started = time.monotonic()
+    code = job.finish(timeout=60)
+    took = time.monotonic() - started
+    print(f"vanished during launch -> launcher exit {code} after {took:.1f} s")
+    assert code != 0
+    assert took < 20 + 10, "the job's end waited on the vanished host"
+    last = job.stderr[-1]
+    assert bed.address("h3") in last and "20 s" in last, job.transcript()

@@ -119,14 +119,15 @@ def judged(
     if verdict is Verdict.NOT_JOINED:
         if view.elastic is None:
             missing = sorted(
-                slot.rank
+                (slot.rank, w.hostname)
                 for w in view.workers.values()
                 if w.state.alive and w.process is not None and not w.joined
                 if (slot := view.slots.get(w.worker_id)) is not None
             )
+            hosts = ", ".join(dict.fromkeys(host for _, host in missing))
             message = (
-                f"rank(s) {missing} did not join the rendezvous within {start_timeout:g} s "
-                "(--start-timeout)"
+                f"rank(s) {[rank for rank, _ in missing]} on host(s) {hosts} did not join the "
+                f"rendezvous within {start_timeout:g} s (--start-timeout)"
             )
             return Decision((kill, Finish(1, message)), message)
         reason = f"did not join within {start_timeout:g} s (--start-timeout)"

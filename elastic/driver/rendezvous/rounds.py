@@ -138,5 +138,11 @@ class Rendezvous:
         return Joined(self.epoch, self._slots[worker_id])
 
     async def wait_superseded(self, epoch: int, timeout: float) -> bool:
-        """True as soon as an epoch newer than `epoch` forms; False after `timeout`."""
-        return await self._changes.wait_until(lambda: self.epoch > epoch, timeout)
+        """True as soon as an epoch newer than `epoch` forms or the job ends (`close`); False
+        after `timeout`."""
+        return await self._changes.wait_until(lambda: self.epoch > epoch or self._closed, timeout)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the job is ending (`close`)."""
+        return self._closed

@@ -25,6 +25,8 @@ from elastic.protocol.http import ErrorResponse
 
 log = logging.getLogger(__name__)
 
+SHUTDOWN_GRACE = 1  # seconds requests in progress get when the server stops
+
 
 class _AsciiJSONResponse(JSONResponse):
     """JSON with every non-ASCII character escaped: a field name in a 422 answer comes from the
@@ -121,6 +123,10 @@ class HttpServer:
             access_log=False,
             lifespan="off",
             timeout_keep_alive=self.limits.idle_timeout,  # type: ignore[arg-type]
+            # Requests still in progress when the driver stops (workers' long polls) are cut
+            # after this: one from a host that vanished would be waited for until its poll
+            # ended (up to 30 s), its worker gone.
+            timeout_graceful_shutdown=SHUTDOWN_GRACE,
             # The context holds the key in memory: no key file for uvicorn to read.
             ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context else None,
         )

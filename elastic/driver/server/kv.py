@@ -51,7 +51,8 @@ def _encode(value: bytes) -> str:
 
 async def _unless_superseded(svc: Services, epoch: int, wait: Awaitable[T]) -> T:
     """Await `wait`, but answer 410 as soon as an epoch newer than `epoch` forms: the waiting
-    worker's group can never complete, and it must re-join."""
+    worker's group can never complete, and it must re-join (where, once the job ends, it is
+    told to leave). The same as soon as the job ends: no wait holds the driver's exit up."""
     waiting = asyncio.ensure_future(wait)
     superseded = asyncio.ensure_future(svc.rendezvous.wait_superseded(epoch, MAX_WAIT_SECONDS))
     try:
@@ -61,6 +62,8 @@ async def _unless_superseded(svc: Services, epoch: int, wait: Awaitable[T]) -> T
         if not waiting.done():
             waiting.cancel()
     if not waiting.done() or waiting.cancelled():
+        if svc.rendezvous.closed:
+            raise HTTPException(410, f"round {epoch} ends with the job")
         raise HTTPException(410, f"round {epoch} was superseded by round {svc.rendezvous.epoch}")
     return waiting.result()
 
