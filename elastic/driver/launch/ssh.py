@@ -25,6 +25,10 @@ _NOT_FORWARDED = re.compile(
     r"^(HOME|USER|LOGNAME|SHELL|PWD|OLDPWD|SHLVL|HOSTNAME|_|TERM|DISPLAY|XAUTHORITY|MAIL"
     r"|SSH_.*|BASH_FUNC_.*)$"
 )
+# A session to a host that vanished without a word (no RST, no FIN) ends after about
+# SERVER_ALIVE_INTERVAL * SERVER_ALIVE_COUNT seconds of silence.
+SERVER_ALIVE_INTERVAL = 5
+SERVER_ALIVE_COUNT = 3
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,8 @@ class SshOptions:
 
 
 def ssh_command(options: SshOptions, hostname: str, remote: str) -> list[str]:
-    """The ssh client command: batch mode, no host-key prompt, no secret in it."""
+    """The ssh client command: batch mode, no host-key prompt, no secret in it, ended by a
+    silent server."""
     command = [
         "ssh",
         "-o", "BatchMode=yes",
@@ -44,6 +49,8 @@ def ssh_command(options: SshOptions, hostname: str, remote: str) -> list[str]:
         "-o", "UserKnownHostsFile=/dev/null",
         "-o", "LogLevel=ERROR",
         "-o", f"ConnectTimeout={max(1, int(options.connect_timeout))}",
+        "-o", f"ServerAliveInterval={SERVER_ALIVE_INTERVAL}",
+        "-o", f"ServerAliveCountMax={SERVER_ALIVE_COUNT}",
     ]  # fmt: skip
     if options.port is not None:
         command += ["-p", str(options.port)]
