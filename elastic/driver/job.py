@@ -31,13 +31,13 @@ from elastic.driver.journal.memory import MemoryBackend, MemoryKeyValueStore
 from elastic.driver.journal.record import JobSpec
 from elastic.driver.journal.resume import (
     Tally,
-    default_log_root,
     restore_hosts,
     resumed,
     settings_document,
     snapshot,
 )
 from elastic.driver.launch.base import Launcher
+from elastic.driver.launch.detached import default_log_root
 from elastic.driver.launch.environment import WorkerEnvironments
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess

@@ -1,5 +1,9 @@
-"""Local workers that outlive the driver: each runs under a keeper (see `keeper.py`) in its own
-session, with its output in files. A restarted driver re-adopts them by the keeper's pid."""
+"""Workers that outlive the driver: each runs under a keeper (see `keeper.py`) in its own
+session, with its output in files. A restarted driver re-adopts them by the keeper's pid.
+
+The driver starts local ones itself (`DetachedLauncher`); on another host the ssh agent can
+use the same folders and keepers: nothing here needs the driver.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,18 @@ from elastic.driver.launch.keeper import EXIT_FILE
 from elastic.driver.launch.private_files import open_private, private_dir
 
 UNKNOWN_EXIT = 255  # a worker that ended while no driver watched and left no exit status
+KEEPER_MODULE = "elastic.driver.launch.keeper"
+
+
+def default_log_root(job_id: str) -> str:
+    """Where the detached workers of job `job_id` on this host write their output and exit
+    status: `elasticrun-<job_id>` in $TMPDIR (else /tmp), as this process's environment says."""
+    return str(Path(os.environ.get("TMPDIR", "/tmp")) / f"elasticrun-{job_id}")
+
+
+def keeper_command(log_dir: str, command: list[str]) -> list[str]:
+    """The command that runs `command` under a keeper writing to `log_dir`."""
+    return [sys.executable, "-m", KEEPER_MODULE, log_dir, "--", *command]
 
 
 def prepare_log_dir(log_root: str, serial: int) -> str:
@@ -102,7 +118,7 @@ class AdoptedProcess(_GroupSignals):
         self.log_dir = log_dir
         self._pidfd: int | None = None
         self._waited = False  # set once a pidfd wait saw the keeper end
-        if pid is not None and log_dir is not None and _runs_keeper_of(pid, log_dir):
+        if pid is not None and log_dir is not None and runs_keeper_of(pid, log_dir):
             with contextlib.suppress(ProcessLookupError):
                 self._pidfd = os.pidfd_open(pid)
         if self._pidfd is None:  # gone, or not detached (a remote worker ends with ssh)
@@ -132,9 +148,6 @@ class AdoptedProcess(_GroupSignals):
             self._code = recorded if recorded is not None else UNKNOWN_EXIT
         assert self._code is not None
         return self._code
-
-
-KEEPER_MODULE = "elastic.driver.launch.keeper"
 
 
 def _keeper_folder(pid: int) -> str | None:
@@ -172,7 +185,7 @@ def kill_keeper(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def _runs_keeper_of(pid: int, log_dir: str) -> bool:
+def runs_keeper_of(pid: int, log_dir: str) -> bool:
     """Whether `pid` is still the keeper of `log_dir` (not a reused pid)."""
     return _keeper_folder(pid) == log_dir
 
@@ -184,11 +197,9 @@ class DetachedLauncher(Launcher):
     async def launch(self, spec: WorkerSpec) -> WorkerProcess:
         assert spec.log_dir is not None, "a detached worker needs a log directory"
         private_dir(spec.log_dir)  # made by `prepare_log_dir`; checked again, cheaply
-        keeper = [sys.executable, "-m", KEEPER_MODULE, spec.log_dir, "--"]
         try:
             process = await asyncio.create_subprocess_exec(
-                *keeper,
-                *spec.command,
+                *keeper_command(spec.log_dir, spec.command),
                 env=spec.env,
                 cwd=spec.cwd,
                 stdin=asyncio.subprocess.DEVNULL,
