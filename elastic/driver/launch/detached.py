@@ -1,8 +1,8 @@
 """Workers that outlive the driver: each runs under a keeper (see `keeper.py`) in its own
 session, with its output in files. A restarted driver re-adopts them by the keeper's pid.
 
-The driver starts local ones itself (`DetachedLauncher`); on another host the ssh agent can
-use the same folders and keepers: nothing here needs the driver.
+The driver starts local ones itself (`DetachedLauncher`); on another host the ssh agent uses
+the same folders and keepers (see `ssh_relay.py`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from elastic.driver.errors import LaunchError
-from elastic.driver.launch.base import Launcher, WorkerProcess, WorkerSpec
+from elastic.driver.launch.base import Adoption, Launcher, WorkerProcess, WorkerSpec
 from elastic.driver.launch.keeper import EXIT_FILE
 from elastic.driver.launch.private_files import open_private, private_dir
 
@@ -69,6 +69,7 @@ class _GroupSignals(WorkerProcess):
 
     _pid: int
     _code: int | None = None  # the exit code, once known
+    detached = True
 
     @property
     def pid(self) -> int:
@@ -121,7 +122,7 @@ class AdoptedProcess(_GroupSignals):
         if pid is not None and log_dir is not None and runs_keeper_of(pid, log_dir):
             with contextlib.suppress(ProcessLookupError):
                 self._pidfd = os.pidfd_open(pid)
-        if self._pidfd is None:  # gone, or not detached (a remote worker ends with ssh)
+        if self._pidfd is None:  # gone (or its pid is another process's now)
             recorded = exit_code_in(log_dir) if log_dir is not None else None
             self._code = recorded if recorded is not None else UNKNOWN_EXIT
 
@@ -210,3 +211,8 @@ class DetachedLauncher(Launcher):
         except OSError as err:
             raise LaunchError(f"cannot start the worker keeper: {err.strerror}") from None
         return DetachedProcess(process, spec.log_dir)
+
+    def adopt(self, adoption: Adoption) -> WorkerProcess:
+        """The keeper `adoption.pid` of `adoption.log_dir`, seen through a pidfd (see
+        `AdoptedProcess`: ended at once, exit status as recorded, when it is gone)."""
+        return AdoptedProcess(adoption.pid, adoption.log_dir)
