@@ -4,7 +4,8 @@ Use it from a test module with `pytest_plugins = ["tests.sshd"]` and a parameter
 The server runs as the current user, on a free port of 127.0.0.1 and 127.0.0.2 (127.0.0.2
 routes to loopback but is no interface's address, so `elasticrun` reaches it through ssh),
 with a throwaway host key and client key pair. Logins run this interpreter's `elastic`
-package: `PYTHONPATH` points at it, whether or not it is installed.
+package: `PYTHONPATH` points at it, whether or not it is installed. Their `TMPDIR` is a folder
+of the server's own (`SshServer.tmpdir`), as another host's would differ from the driver's.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class SshServer:
     identity_file: Path
     pid: int
     log: Path
+    tmpdir: Path  # the logins' $TMPDIR
     addresses: tuple[str, ...] = ADDRESSES
 
     def elasticrun_args(self) -> list[str]:
@@ -116,7 +118,7 @@ def _config(directory: Path, port: int) -> str:
             "X11Forwarding no",
             "PrintMotd no",
             "LogLevel VERBOSE",
-            f"SetEnv PYTHONPATH={package_root}",
+            f"SetEnv PYTHONPATH={package_root} TMPDIR={directory / 'tmp'}",
             "",
         ]
     )
@@ -143,6 +145,7 @@ def running_sshd(directory: Path) -> Iterator[SshServer]:
         # Privilege separation needs its (empty) chroot directory.
         Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
     port = _free_port()
+    (directory / "tmp").mkdir(mode=0o700, exist_ok=True)
     (directory / "sshd_config").write_text(_config(directory, port))
     log = directory / "sshd.log"
     with open(log, "wb") as log_file:
@@ -165,7 +168,7 @@ def running_sshd(directory: Path) -> Iterator[SshServer]:
                 waiting.pop(0)
             else:
                 time.sleep(0.05)  # polling the port: the deadline above bounds it
-        server = SshServer(port, directory / "id_ed25519", process.pid, log)
+        server = SshServer(port, directory / "id_ed25519", process.pid, log, directory / "tmp")
         # A login must run this interpreter with the package importable, as the launcher does.
         check = subprocess.run(
             server.ssh_command(ADDRESSES[1], sys.executable, "-c", "'import elastic'"),
