@@ -5,6 +5,8 @@ The server runs as the current user, on a free port of 127.0.0.1 and 127.0.0.2 (
 routes to loopback but is no interface's address, so `elasticrun` reaches it through ssh),
 with a throwaway host key and client key pair (tests/sshd_server.py). Logins run this
 interpreter's `elastic` package: `PYTHONPATH` points at it, whether or not it is installed.
+Their `TMPDIR` is a folder of the server's own (`SshServer.tmpdir`), as another host's would
+differ from the driver's.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class SshServer:
     identity_file: Path
     pid: int
     log: Path
+    tmpdir: Path  # the logins' $TMPDIR
     addresses: tuple[str, ...] = ADDRESSES
 
     def elasticrun_args(self) -> list[str]:
@@ -72,13 +75,15 @@ def running_sshd(directory: Path) -> Iterator[SshServer]:
     keys = make_keys(directory)
     port = _free_port()
     config = directory / "sshd_config"
-    config.write_text(sshd_config(keys, ADDRESSES, port, directory / "sshd.pid"))
+    tmpdir = directory / "tmp"
+    tmpdir.mkdir(mode=0o700, exist_ok=True)
+    config.write_text(sshd_config(keys, ADDRESSES, port, directory / "sshd.pid", tmpdir))
     log = directory / "sshd.log"
     process = start_sshd(config, log)
     try:
         wait_listening(process, ADDRESSES, port, log)
         check_login(port, keys.identity_file, ADDRESSES[1], log)
-        yield SshServer(port, keys.identity_file, process.pid, log)
+        yield SshServer(port, keys.identity_file, process.pid, log, tmpdir)
     finally:
         stop_sshd(process)
 

@@ -71,11 +71,15 @@ def make_keys(directory: Path) -> SshKeys:
     return keys
 
 
-def sshd_config(keys: SshKeys, addresses: Sequence[str], port: int, pid_file: Path) -> str:
+def sshd_config(
+    keys: SshKeys, addresses: Sequence[str], port: int, pid_file: Path, tmpdir: Path
+) -> str:
     """An sshd_config that lets the current user in with `keys` only, on `addresses`:`port`.
 
     Logins get `PYTHONPATH` pointing at the `elastic` package this interpreter imports, so a
-    remote command runs this checkout's code whether or not it is installed.
+    remote command runs this checkout's code whether or not it is installed, and `TMPDIR`
+    set to `tmpdir`: the host's own, as another machine's would be (remote workers keep their
+    output there).
     """
     package_root = Path(elastic.__file__).resolve().parent.parent
     return "\n".join(
@@ -97,7 +101,7 @@ def sshd_config(keys: SshKeys, addresses: Sequence[str], port: int, pid_file: Pa
             "PrintMotd no",
             "UseDNS no",
             "LogLevel VERBOSE",
-            f"SetEnv PYTHONPATH={package_root}",
+            f"SetEnv PYTHONPATH={package_root} TMPDIR={tmpdir}",
             "",
         ]
     )

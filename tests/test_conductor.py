@@ -41,6 +41,7 @@ class Process:
     def __init__(self) -> None:
         self.signals: list[int] = []
         self.signal: int | None = None
+        self.ended_unwatched = False
 
     def kill(self) -> None:
         self.signals.append(signal.SIGKILL)
@@ -62,7 +63,9 @@ class Harness:
         hosts = HostAccess(SshOptions(), 1.0, 5.0)
         self.rendezvous = Rendezvous()
         self.channels = ControlChannels()
-        self.fleet = Fleet(hosts, reports, self.rendezvous.slot_of, str(tmp_path), None, 1.0)
+        self.fleet = Fleet(
+            hosts, reports, self.rendezvous.slot_of, str(tmp_path), None, 1.0, job_id="conductor"
+        )
         watcher = HostWatcher(
             FixedHosts(HOSTS),
             HostTracker(Cooldown(600.0, 600.0, random.Random(0))),

@@ -18,7 +18,6 @@ from elastic.driver.control.channels import ControlChannels
 from elastic.driver.discovery.watcher import HostWatcher
 from elastic.driver.journal.memory import MemoryKeyValueStore
 from elastic.driver.journal.resume import Tally
-from elastic.driver.launch.detached import AdoptedProcess
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.staffing import Staffing
 from elastic.driver.policy import leaving, reachability
@@ -343,4 +342,4 @@ class Conductor:
 
 
 def _ended_unwatched(worker: Worker) -> bool:
-    return isinstance(worker.process, AdoptedProcess) and worker.process.ended_unwatched
+    return worker.process is not None and worker.process.ended_unwatched

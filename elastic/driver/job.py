@@ -31,13 +31,13 @@ from elastic.driver.journal.memory import MemoryBackend, MemoryKeyValueStore
 from elastic.driver.journal.record import JobSpec
 from elastic.driver.journal.resume import (
     Tally,
-    default_log_root,
     restore_hosts,
     resumed,
     settings_document,
     snapshot,
 )
 from elastic.driver.launch.base import Launcher
+from elastic.driver.launch.detached import default_log_root
 from elastic.driver.launch.environment import WorkerEnvironments
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
@@ -128,7 +128,7 @@ class Job:
         )  # fmt: skip
         self._fleet = Fleet(
             self._hosts, self._reports, self._rendezvous.slot_of, log_root, settings.output_dir,
-            settings.stop_grace, self._clock,
+            settings.stop_grace, self._clock, job_id=self.job_id,
         )  # fmt: skip
         self._workers = self._fleet.workers
         elastic = self.elastic
@@ -304,13 +304,11 @@ class Job:
     def _adopt(self) -> None:
         """Watch the workers an earlier driver launched, as if this one had; finish stopping
         those it was stopping when it died."""
-        for worker in self._workers.values():
-            stopping = worker.state is WorkerState.STOPPED and worker.exit_code is None
-            if worker.state.alive or stopping:
-                self._fleet.adopt(worker)
-                if stopping:
-                    self._conductor.stop(worker)
-        self._fleet.stop_strays()
+        workers = self._workers.values()
+        stopping = [w for w in workers if w.state is WorkerState.STOPPED and w.exit_code is None]
+        self._fleet.adopt([w for w in workers if w.state.alive] + stopping)
+        for worker in stopping:
+            self._conductor.stop(worker)
 
     async def _record_result(self) -> None:
         """Save how the job ended (not when this driver merely lost it)."""

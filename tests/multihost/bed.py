@@ -399,8 +399,12 @@ class Bed:
     def _start_sshd(self, machine: _Machine) -> None:
         name, address = machine.host.name, machine.host.address
         config = self.directory / f"{name}.sshd_config"
+        tmpdir = self.directory / f"{name}.tmp"  # the host's own: remote workers' output
+        tmpdir.mkdir(mode=0o700, exist_ok=True)
         config.write_text(
-            sshd_config(self._keys, [address], SSH_PORT, self.directory / f"{name}.sshd.pid")
+            sshd_config(
+                self._keys, [address], SSH_PORT, self.directory / f"{name}.sshd.pid", tmpdir
+            )
         )
         machine.sshd = start_sshd(config, self._log(name), exec_in(machine.plug.namespace, []))
         wait_listening(machine.sshd, [address], SSH_PORT, self._log(name))

@@ -74,11 +74,6 @@ def describe_holder(holder: str) -> str:
         return "another driver"
 
 
-def default_log_root(job_id: str) -> str:
-    """Where detached local workers write their output and exit status."""
-    return str(Path(os.environ.get("TMPDIR", "/tmp")) / f"elasticrun-{job_id}")
-
-
 # Worker fields saved as they are (state and the launcher's pid are converted).
 _SAVED = (
     "pid", "exit_code", "registered", "joined", "exiting", "log_dir", "offsets", "commit",

@@ -4,7 +4,22 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from elastic.driver.errors import LaunchError
+
+Located = Callable[[int, str], None]
+"""Told a detached remote worker's keeper pid and folder on its host, once its agent says."""
+
+
+@dataclass(frozen=True)
+class HostFolder:
+    """A detached worker's folder on its host, named by the job's scheme: `worker.<serial>`
+    under `default_log_root(job_id)` as the user on that host sees it (its own $TMPDIR)."""
+
+    job_id: str
+    serial: int
 
 
 @dataclass(frozen=True)
@@ -15,7 +30,24 @@ class WorkerSpec:
     command: list[str]
     env: dict[str, str]
     cwd: str
-    log_dir: str | None = None  # detached launch: the worker's output and exit status go here
+    log_dir: str | None = None  # detached local launch: the worker's output and exit status
+    host_folder: HostFolder | None = None  # detached remote launch: its folder over there
+    located: Located | None = None  # detached remote launch: told where it runs over there
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """A detached worker that an earlier driver of the job launched, as its journal recorded
+    it, for `Launcher.adopt`."""
+
+    hostname: str
+    host_folder: HostFolder
+    pid: int | None  # its keeper's pid (on its host)
+    log_dir: str | None  # its folder (on its host)
+    offsets: Mapping[str, int] = field(default_factory=dict)  # output shown, per stream
+    adopted_here: frozenset[int] = frozenset()  # serials of every worker adopted on its host
+    last_serial: int = 0  # the earlier drivers numbered no worker above this
+    located: Located | None = None
 
 
 class WorkerProcess(ABC):
@@ -28,13 +60,24 @@ class WorkerProcess(ABC):
     stdout: asyncio.StreamReader
     stderr: asyncio.StreamReader
     log_dir: str | None = None
-    """Set for a detached worker: its output is in `log_dir`/stdout and stderr, not on the
-    readers above."""
+    """Set for a detached local worker: its output is in `log_dir`/stdout and stderr, not on
+    the readers above."""
+    detached: bool = False
+    """Whether the worker outlives the driver: the bytes of its output shown are counted
+    (`Worker.offsets`), so that a restarted driver shows the rest, once."""
 
     @property
     @abstractmethod
     def pid(self) -> int:
-        """The local process id (the worker itself, or the ssh client for a remote one)."""
+        """The local process id (the worker itself, its keeper, or the ssh client for a
+        remote one); for a detached remote one, its keeper's pid on its host (0 until
+        known)."""
+
+    @property
+    def ended_unwatched(self) -> bool:
+        """Whether an adopted worker had ended before this driver adopted it (no driver saw
+        it end)."""
+        return False
 
     @abstractmethod
     async def wait(self) -> int:
@@ -79,6 +122,11 @@ class Launcher(ABC):
 
     async def check_reachable(self, hostname: str, timeout: float) -> None:  # noqa: B027
         """Raise `LaunchError` if `hostname` cannot run workers within `timeout` seconds."""
+
+    def adopt(self, adoption: Adoption) -> WorkerProcess:
+        """Watch a detached worker that an earlier driver launched with this kind of
+        launcher. Never waits. Raises `LaunchError` where workers end with their driver."""
+        raise LaunchError(f"cannot re-adopt the worker on host {adoption.hostname}")
 
 
 OUTPUT_LIMIT = 1 << 20  # bytes of one output line kept in the stream reader's buffer

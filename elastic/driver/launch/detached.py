@@ -1,5 +1,9 @@
-"""Local workers that outlive the driver: each runs under a keeper (see `keeper.py`) in its own
-session, with its output in files. A restarted driver re-adopts them by the keeper's pid."""
+"""Workers that outlive the driver: each runs under a keeper (see `keeper.py`) in its own
+session, with its output in files. A restarted driver re-adopts them by the keeper's pid.
+
+The driver starts local ones itself (`DetachedLauncher`); on another host the ssh agent uses
+the same folders and keepers (see `ssh_relay.py`).
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,23 @@ import sys
 from pathlib import Path
 
 from elastic.driver.errors import LaunchError
-from elastic.driver.launch.base import Launcher, WorkerProcess, WorkerSpec
+from elastic.driver.launch.base import Adoption, Launcher, WorkerProcess, WorkerSpec
 from elastic.driver.launch.keeper import EXIT_FILE
 from elastic.driver.launch.private_files import open_private, private_dir
 
 UNKNOWN_EXIT = 255  # a worker that ended while no driver watched and left no exit status
+KEEPER_MODULE = "elastic.driver.launch.keeper"
+
+
+def default_log_root(job_id: str) -> str:
+    """Where the detached workers of job `job_id` on this host write their output and exit
+    status: `elasticrun-<job_id>` in $TMPDIR (else /tmp), as this process's environment says."""
+    return str(Path(os.environ.get("TMPDIR", "/tmp")) / f"elasticrun-{job_id}")
+
+
+def keeper_command(log_dir: str, command: list[str]) -> list[str]:
+    """The command that runs `command` under a keeper writing to `log_dir`."""
+    return [sys.executable, "-m", KEEPER_MODULE, log_dir, "--", *command]
 
 
 def prepare_log_dir(log_root: str, serial: int) -> str:
@@ -53,6 +69,7 @@ class _GroupSignals(WorkerProcess):
 
     _pid: int
     _code: int | None = None  # the exit code, once known
+    detached = True
 
     @property
     def pid(self) -> int:
@@ -102,10 +119,10 @@ class AdoptedProcess(_GroupSignals):
         self.log_dir = log_dir
         self._pidfd: int | None = None
         self._waited = False  # set once a pidfd wait saw the keeper end
-        if pid is not None and log_dir is not None and _runs_keeper_of(pid, log_dir):
+        if pid is not None and log_dir is not None and runs_keeper_of(pid, log_dir):
             with contextlib.suppress(ProcessLookupError):
                 self._pidfd = os.pidfd_open(pid)
-        if self._pidfd is None:  # gone, or not detached (a remote worker ends with ssh)
+        if self._pidfd is None:  # gone (or its pid is another process's now)
             recorded = exit_code_in(log_dir) if log_dir is not None else None
             self._code = recorded if recorded is not None else UNKNOWN_EXIT
 
@@ -132,9 +149,6 @@ class AdoptedProcess(_GroupSignals):
             self._code = recorded if recorded is not None else UNKNOWN_EXIT
         assert self._code is not None
         return self._code
-
-
-KEEPER_MODULE = "elastic.driver.launch.keeper"
 
 
 def _keeper_folder(pid: int) -> str | None:
@@ -172,7 +186,7 @@ def kill_keeper(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def _runs_keeper_of(pid: int, log_dir: str) -> bool:
+def runs_keeper_of(pid: int, log_dir: str) -> bool:
     """Whether `pid` is still the keeper of `log_dir` (not a reused pid)."""
     return _keeper_folder(pid) == log_dir
 
@@ -184,11 +198,9 @@ class DetachedLauncher(Launcher):
     async def launch(self, spec: WorkerSpec) -> WorkerProcess:
         assert spec.log_dir is not None, "a detached worker needs a log directory"
         private_dir(spec.log_dir)  # made by `prepare_log_dir`; checked again, cheaply
-        keeper = [sys.executable, "-m", KEEPER_MODULE, spec.log_dir, "--"]
         try:
             process = await asyncio.create_subprocess_exec(
-                *keeper,
-                *spec.command,
+                *keeper_command(spec.log_dir, spec.command),
                 env=spec.env,
                 cwd=spec.cwd,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -199,3 +211,8 @@ class DetachedLauncher(Launcher):
         except OSError as err:
             raise LaunchError(f"cannot start the worker keeper: {err.strerror}") from None
         return DetachedProcess(process, spec.log_dir)
+
+    def adopt(self, adoption: Adoption) -> WorkerProcess:
+        """The keeper `adoption.pid` of `adoption.log_dir`, seen through a pidfd (see
+        `AdoptedProcess`: ended at once, exit status as recorded, when it is gone)."""
+        return AdoptedProcess(adoption.pid, adoption.log_dir)

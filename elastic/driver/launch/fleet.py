@@ -9,8 +9,9 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from elastic.driver.errors import LaunchError, UsageError
 from elastic.driver.journal.resume import ADOPT_GRACE
-from elastic.driver.launch.base import WorkerSpec
+from elastic.driver.launch.base import Adoption, HostFolder, Located, WorkerSpec
 from elastic.driver.launch.detached import (
     AdoptedProcess,
     keepers_under,
@@ -32,9 +33,11 @@ SlotOf = Callable[[str], SlotInfo | None]  # a worker's slot in the current roun
 class Fleet:
     """Every worker process the job launched or adopted, by id, in launch order.
 
-    `start` and `adopt` begin watching a worker: its output is shown (from its pipes, or
-    from its files when detached) and, once it ends, its exit code is set and `WorkerExited`
-    is reported, the only way the fleet speaks to the job. `stop` ends a worker for good
+    `start` and `adopt` begin watching a worker: its output is shown (from its pipes, from
+    its files when detached here, relayed by its ssh agent when detached on another host)
+    and, once it ends, its exit code is set and `WorkerExited` is reported, the only way the
+    fleet speaks to the job. Of a detached worker's output, the bytes shown are counted in
+    `Worker.offsets`, so that a restarted driver shows the rest. `stop` ends a worker for good
     (SIGTERM, then SIGKILL after the grace period); `close` stops every worker, or with
     `abandon` leaves them running for another driver, and ends the watching.
     """
@@ -48,8 +51,13 @@ class Fleet:
         output_dir: str | None,
         stop_grace: float,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        job_id: str,
     ) -> None:
+        """`log_root`: where this host's detached workers write (`job_id` names the folders
+        of remote ones, on their hosts)."""
         self.workers: dict[str, Worker] = {}
+        self._job_id = job_id
         self.serial = 0  # the number the last new worker got
         self._reports = reports
         self._slot_of = slot_of
@@ -78,32 +86,65 @@ class Fleet:
     async def start(self, worker: Worker, command: list[str], env: dict[str, str]) -> None:
         """Start `worker`'s process and watch it; raises `LaunchError` if it cannot start
         (a planted log folder, an unreachable host, a command that cannot run)."""
+        host_folder, located = None, None
         if self._hosts.detached(worker.hostname):
-            # private (0700, this user's): a planted folder or link raises LaunchError
-            worker.log_dir = prepare_log_dir(self.log_root, worker.serial)
+            if self._hosts.is_local(worker.hostname):
+                # private (0700, this user's): a planted folder or link raises LaunchError
+                worker.log_dir = prepare_log_dir(self.log_root, worker.serial)
+            else:  # its agent prepares the folder over there, and says where it is
+                host_folder = HostFolder(self._job_id, int(worker.serial))
+                located = self._located(worker)
         spec = WorkerSpec(
             hostname=worker.hostname,
             command=command,
             env=env,
             cwd=os.getcwd(),
             log_dir=worker.log_dir,
+            host_folder=host_folder,
+            located=located,
         )
         worker.process = await self._hosts.launcher(worker.hostname).launch(spec)
-        worker.launcher_pid = worker.process.pid
+        # 0 for a remote detached one until its agent says (`located` records it then)
+        worker.launcher_pid = worker.process.pid or worker.launcher_pid
         self._watch(worker)
 
-    def adopt(self, worker: Worker) -> None:
-        """Watch `worker`, which an earlier driver launched, as if this one had."""
+    def adopt(self, workers: list[Worker]) -> None:
+        """Watch `workers`, which earlier drivers launched, as if this one had; then stop the
+        job's strays: keepers that no saved record names, launched by an earlier driver after
+        its last save (nothing would ever stop one; a stopped one would never even exit).
+
+        Local strays are found here; remote ones by the first attach session to their host,
+        so a host where no worker is adopted keeps its strays. A worker whose host cannot be
+        reached (or its name looked up) is lost: it ends at once, exit code unknown.
+        """
+        here: dict[str, set[int]] = {}
+        for worker in workers:
+            here.setdefault(worker.hostname, set()).add(int(worker.serial))
         now = self._clock()
-        worker.process = AdoptedProcess(worker.launcher_pid, worker.log_dir)
-        worker.launched_at = now
-        worker.last_heartbeat = now + ADOPT_GRACE  # it has to find this driver first
-        worker.heard = True  # it was heard before: judged by heartbeats after that grace
-        self._watch(worker)
+        for worker in workers:
+            adoption = Adoption(
+                hostname=worker.hostname,
+                host_folder=HostFolder(self._job_id, int(worker.serial)),
+                pid=worker.launcher_pid,
+                log_dir=worker.log_dir,
+                offsets=dict(worker.offsets),
+                adopted_here=frozenset(here[worker.hostname]),
+                last_serial=self.serial,
+                located=self._located(worker),
+            )
+            try:
+                worker.process = self._hosts.launcher(worker.hostname).adopt(adoption)
+            except (LaunchError, UsageError) as error:
+                log.error("cannot re-adopt worker %s: %s", worker.worker_id, error)
+                worker.process = AdoptedProcess(None, None)  # ended, exit code unknown
+            worker.launched_at = now
+            worker.last_heartbeat = now + ADOPT_GRACE  # it has to find this driver first
+            worker.heard = True  # it was heard before: judged by heartbeats after that grace
+            self._watch(worker)
+        self._stop_strays()
 
-    def stop_strays(self) -> None:
-        """Kill the local workers an earlier driver launched after its last save: no record
-        names them, so nothing would ever stop one (a stopped one would never even exit)."""
+    def _stop_strays(self) -> None:
+        """Kill the local keepers of the job that no adopted worker's record names."""
         adopted = {w.log_dir for w in self.workers.values() if w.process is not None}
         for pid, folder in keepers_under(self.log_root).items():
             if folder not in adopted:
@@ -114,6 +155,15 @@ class Fleet:
                     pid,
                 )
                 kill_keeper(pid)
+
+    @staticmethod
+    def _located(worker: Worker) -> Located:
+        """Records where a detached remote worker runs on its host, once its agent says."""
+
+        def located(pid: int, folder: str) -> None:
+            worker.launcher_pid, worker.log_dir = pid, folder
+
+        return located
 
     def stop(self, worker: Worker) -> None:
         """SIGTERM `worker`, and SIGKILL it after the grace period (a stopped or hung
@@ -153,23 +203,34 @@ class Fleet:
         slot = self._slot_of(worker.worker_id)
         folder = f"rank.{slot.rank}" if slot is not None else f"worker.{worker.serial}"
         label = self._label(worker)
+        process = worker.process
+        assert process is not None
         for stream in ("stdout", "stderr"):
             sink = OutputSink(label, stream, self._output_dir, folder)
-            if worker.log_dir is not None:
+            offset, count = worker.offsets.get(stream, 0), self._counter(worker, stream)
+            if process.log_dir is not None:  # detached here: its files
                 source = self._follower.add(
-                    os.path.join(worker.log_dir, stream),
+                    os.path.join(process.log_dir, stream),
                     sink,
-                    worker.offsets.get(stream, 0),
+                    offset,
                     ended=lambda: worker.exit_code is not None,
-                    at=lambda offset, stream=stream: worker.offsets.__setitem__(stream, offset),
+                    at=count,
                 )
-            elif worker.process is not None:
-                reader = worker.process.stdout if stream == "stdout" else worker.process.stderr
-                source = asyncio.create_task(pump(reader, sink))
-            else:
+            elif (reader := getattr(process, stream, None)) is not None:
+                if process.detached:  # relayed from its files over there
+                    source = asyncio.create_task(pump(reader, sink, offset, count))
+                else:
+                    source = asyncio.create_task(pump(reader, sink))
+            else:  # adopted with nothing to show
+                sink.close()
                 continue
             self._pumps.append(source)
         self._spawn(self._await_exit(worker))
+
+    @staticmethod
+    def _counter(worker: Worker, stream: str) -> Callable[[int], None]:
+        """Records up to which byte `stream` of `worker` was shown."""
+        return lambda offset: worker.offsets.__setitem__(stream, offset)
 
     async def _await_exit(self, worker: Worker) -> None:
         worker.exit_code = await worker.process.wait()

@@ -59,7 +59,7 @@ class HostAccess:
         self._reachable: set[str] = set()
         self._ssh_timeout = ssh_timeout
         self._detached = detached
-        # Detached: local workers outlive the driver, under a keeper, output in files.
+        # Detached: workers outlive the driver, under a keeper, output in files.
         self._local_launcher: Launcher = local_launcher or (
             DetachedLauncher() if detached else LocalLauncher()
         )
@@ -105,8 +105,10 @@ class HostAccess:
         return self._local[hostname]
 
     def detached(self, hostname: str) -> bool:
-        """Whether workers on `hostname` outlive the driver, their output in files."""
-        return self._detached and self.is_local(hostname)
+        """Whether workers on `hostname` outlive the driver, their output in files there
+        (the job's state outlives it too). The same for every host: a remote one's agent
+        relays the files (see `ssh_relay.py`)."""
+        return self._detached
 
     def usable(self, hostname: str) -> bool:
         """False for a (discovered) host name that does not resolve; logged once."""

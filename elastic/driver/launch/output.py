@@ -92,13 +92,28 @@ def write_lines(sink: LineSink, data: bytes) -> bytes:
     return rest
 
 
-async def pump(reader: asyncio.StreamReader, sink: OutputSink) -> None:
-    """Copy `reader` to `sink` line by line until end of stream; very long lines are split."""
+async def pump(
+    reader: asyncio.StreamReader,
+    sink: LineSink,
+    offset: int = 0,
+    at: Callable[[int], None] | None = None,
+) -> None:
+    """Copy `reader` to `sink` line by line until end of stream; very long lines are split.
+
+    `at(position)` is told, after each read, up to which byte the sink has been given the
+    stream, counted from `offset` (the stream's first byte is byte `offset` of the output).
+    """
     pending = b""
+    position = offset
     try:
         while chunk := await reader.read(CHUNK):
+            position += len(chunk)
             pending = write_lines(sink, pending + chunk)
+            if at is not None:
+                at(position - len(pending))
         if pending:
             sink.write_line(pending)
+            if at is not None:
+                at(position)
     finally:
         sink.close()

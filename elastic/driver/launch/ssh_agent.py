@@ -1,16 +1,25 @@
 """Runs on a remote host, started by the driver through ssh, and owns one worker there.
 
 Protocol on standard input (nothing secret is ever on a command line):
-  line 1: JSON `{"env": {...}, "grace": seconds}`: the worker's environment, token included;
+  line 1: JSON `{"env": {...}, "grace": seconds}`: the worker's environment, token included,
+          and `"detach": {"job_id": ID, "serial": N}` for a worker that outlives the driver;
   then `TERM` (SIGTERM the worker's process group) or `KILL` (SIGKILL it), one per line;
-  end of input (the driver or its ssh connection went away): SIGTERM, then SIGKILL after grace.
-The agent exits with the worker's exit code (128+N when signal N ended it).
+  end of input (the driver or its ssh connection went away): SIGTERM, then SIGKILL after grace
+  (a detached worker goes on: see `ssh_relay.py`).
+The agent exits with the worker's exit code (128+N when signal N ended it). A detached
+worker's output comes framed on the agent's stdout (see `relay_frames.py`).
 
-Usage (by the driver only): python -m elastic.driver.launch.ssh_agent -- COMMAND...
+Usage (by the driver only):
+  python -m elastic.driver.launch.ssh_agent -- COMMAND...
+  python -m elastic.driver.launch.ssh_agent --attach JOB_ID SERIAL --offsets OUT,ERR
+      [--keeper PID] [--strays-upto N --adopted SERIAL,...]
+    relay a detached worker again, from those offsets of its stdout and stderr files
+    (input: `TERM` and `KILL` lines only).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -18,6 +27,8 @@ import signal
 import subprocess
 import sys
 import threading
+
+from elastic.driver.launch import ssh_relay
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
@@ -52,7 +63,25 @@ def _follow_driver(process: subprocess.Popen[bytes], grace: float) -> None:
     _stop(process, grace)
 
 
+def _attach(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m elastic.driver.launch.ssh_agent")
+    parser.add_argument("--attach", nargs=2, metavar=("JOB_ID", "SERIAL"), required=True)
+    parser.add_argument("--offsets", required=True, metavar="OUT,ERR")
+    parser.add_argument("--keeper", type=int, metavar="PID")
+    parser.add_argument("--strays-upto", type=int, default=0, metavar="N")
+    parser.add_argument("--adopted", default="", metavar="SERIAL,...")
+    args = parser.parse_args(argv)
+    job_id, serial = args.attach[0], int(args.attach[1])
+    out, err = (int(offset) for offset in args.offsets.split(","))
+    adopted = frozenset(int(number) for number in args.adopted.split(",") if number)
+    return ssh_relay.attach(
+        job_id, serial, {"stdout": out, "stderr": err}, args.keeper, args.strays_upto, adopted
+    )
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--attach"]:
+        return _attach(argv)
     if len(argv) < 2 or argv[0] != "--":
         print("usage: python -m elastic.driver.launch.ssh_agent -- COMMAND...", file=sys.stderr)
         return 2
@@ -60,6 +89,8 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ)
     env.update(header.get("env", {}))
     grace = float(header.get("grace", 5.0))
+    if (detach := header.get("detach")) is not None:
+        return ssh_relay.launch(argv[1:], env, detach["job_id"], int(detach["serial"]))
     try:
         process = subprocess.Popen(
             argv[1:], env=env, stdin=subprocess.DEVNULL, start_new_session=True
