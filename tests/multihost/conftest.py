@@ -3,12 +3,14 @@ it whatever happened; skipped, with one line saying why, where this machine cann
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import RunningJob
 from tests.multihost.bed import Bed, BedUnavailable, missing_prerequisite
+from tests.multihost.bed_job import BedJob
 
 
 def build_bed(count: int, directory: Path) -> Bed:
@@ -30,3 +32,13 @@ def bed(tmp_path: Path) -> Iterator[Bed]:
         yield built
     finally:
         built.close()
+
+
+@pytest.fixture
+def bed_job(
+    bed: Bed, elasticrun: Callable[..., RunningJob], tmp_path: Path
+) -> Iterator[Callable[..., BedJob]]:
+    def start(*extra: str) -> BedJob:
+        return BedJob(bed, elasticrun, tmp_path, *extra)
+
+    yield start

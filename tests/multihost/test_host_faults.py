@@ -13,120 +13,20 @@ any timeout, every sample is trained exactly once per epoch, nothing is left run
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import RunningJob
 from tests.multihost.bed import Bed
-from tests.soak import HOSTS_FILE_SCRIPT, SOAK_JOB, SideFiles, StepLine, dump_stacks
+from tests.multihost.bed_job import HEARTBEAT, MISSES, RECOVERY_LIMIT, BedJob, workers_on
+from tests.soak import SOAK_JOB
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(240)]
-
-HEARTBEAT = 0.5
-MISSES = 3
-# What a test allows recovery to take: far below every timeout that could end a wait
-# instead (the collective timeout is 1800 s, Gloo's connection timeout 2 s x 5, ssh's 30 s).
-RECOVERY_LIMIT = 8.0
-
-
-class BedJob:
-    """`soak_job.py` on the bed's hosts (one slot each), from a discovery file."""
-
-    def __init__(
-        self,
-        bed: Bed,
-        elasticrun: Callable[..., RunningJob],
-        folder: Path,
-        *extra: str,
-    ) -> None:
-        self.bed = bed
-        self.folder = folder
-        self.side = SideFiles(folder / "side")
-        self.side.folder.mkdir()
-        self.stop_file = folder / "stop"
-        self.hosts_file = folder / "hosts"
-        self.hosts_file.write_text("".join(f"{h.address}:1\n" for h in bed.hosts))
-        n = len(bed.hosts)
-        self.job = elasticrun(
-            ["-np", str(n), "--min-np", "1", "--max-np", str(n),
-             "--host-discovery-script", str(HOSTS_FILE_SCRIPT), "--discovery-interval", "0.5",
-             "--heartbeat-interval", str(HEARTBEAT), "--collective-timeout", "1800",
-             "--blacklist-cooldown-range", "2", "4", "--start-timeout", "60",
-             *bed.ssh_args(), *extra,
-             sys.executable, str(SOAK_JOB), "--out", str(folder),
-             "--side-dir", str(self.side.folder), "--stop-file", str(self.stop_file),
-             "--step-delay", "0.05", "--samples", "96"],
-            env={"ELASTIC_HOSTS_FILE": str(self.hosts_file)},
-        )  # fmt: skip
-
-    def step(self, wanted: Callable[[StepLine], bool], timeout: float, why: str) -> StepLine:
-        """The first step line that is `wanted`, waiting up to `timeout` s for it."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.side.poll()
-            found = [s for s in self.side.steps if wanted(s)]
-            if found:
-                return min(found, key=lambda s: s.t)
-            if time.monotonic() > deadline or self.job.process.poll() is not None:
-                raise AssertionError(f"{why}: no such step within {timeout:g} s\n{self.tail()}")
-            time.sleep(0.05)
-
-    def steps_between(self, first: float, last: float) -> list[StepLine]:
-        self.side.poll()
-        return [s for s in self.side.steps if first <= s.t <= last]
-
-    def training_at(self, size: int, after: float, timeout: float = 90.0) -> StepLine:
-        return self.step(lambda s: s.size == size and s.t > after, timeout, f"size {size}")
-
-    def finish(self) -> dict:
-        """Stop the job at its next epoch; its exit code must be 0 and every sample trained
-        exactly once per epoch. Returns the result rank 0 wrote."""
-        self.stop_file.touch()
-        try:
-            code = self.job.process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            dump_stacks(self.folder, "the job did not stop within 120 s")
-            raise AssertionError(f"the job did not stop within 120 s\n{self.tail()}") from None
-        assert self.job.finish(timeout=30) == code == 0, self.tail()
-        result = json.loads((self.folder / "result.json").read_text())
-        assert set(result["counts"]) == {float(result["epochs"])}, result
-        return result
-
-    def tail(self, lines: int = 60) -> str:
-        return "\n".join(self.job.lines[-lines:])
-
-    def launcher_says(self, pattern: str, timeout: float = 10.0) -> str:
-        return self.job.wait_for(pattern, timeout=timeout).group(0)
-
-
-@pytest.fixture
-def bed_job(
-    bed: Bed, elasticrun: Callable[..., RunningJob], tmp_path: Path
-) -> Iterator[Callable[..., BedJob]]:
-    def start(*extra: str) -> BedJob:
-        return BedJob(bed, elasticrun, tmp_path, *extra)
-
-    yield start
-
-
-def workers_on(bed: Bed, host: str) -> list[int]:
-    """The training processes (not sshd, not the agent) running in `host`'s namespace."""
-    found = []
-    for pid in bed.pids(host):
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(part.endswith(b"soak_job.py") for part in command) and b"-m" not in command[1:2]:
-            found.append(pid)
-    return found
 
 
 def test_a_vanished_host_is_left_behind_after_the_missed_heartbeats_and_comes_back(
