@@ -195,10 +195,12 @@ def agent(tmp_path: Path, *args: str, stdin: int = subprocess.PIPE) -> subproces
     )
 
 
-def launch_agent(tmp_path: Path, job_id: str, serial: int, *command: str) -> subprocess.Popen:
+def launch_agent(
+    tmp_path: Path, job_id: str, serial: int, *command: str, slot: int | None = None
+) -> subprocess.Popen:
     started = agent(tmp_path, "--", *command)
     assert started.stdin is not None
-    detach = {"job_id": job_id, "serial": serial}
+    detach = {"job_id": job_id, "serial": serial, "slot": slot}
     started.stdin.write((json.dumps({"env": {}, "grace": 1, "detach": detach}) + "\n").encode())
     started.stdin.flush()
     return started
@@ -330,6 +332,31 @@ def test_an_attach_stops_the_jobs_stray_keepers_and_names_them(
     attached.stdin.write(b"KILL\n")
     attached.stdin.close()
     assert relay_until(attached.stdout, {}) == 255, "SIGKILLed with its keeper: no record"
+
+
+def test_a_worker_launched_on_a_slot_stops_the_one_still_holding_it(
+    tmp_path: Path, keepers: list[int]
+) -> None:
+    """A worker the driver counted out while its host was cut off lives on there, unaware;
+    the next worker launched on its slot stops it first: never two workers on one slot."""
+    worker = write_script(tmp_path, "worker.py", COUNTING_WORKER)
+    found = {}
+    for serial, slot in ((1, 0), (2, 1), (3, 0)):  # 3 takes slot 0 over from 1
+        launched = launch_agent(
+            tmp_path, "slots", serial, sys.executable, str(worker), "x", "0", slot=slot
+        )
+        header = json.loads((next_frame(launched.stdout) or ("", b"{}"))[1])
+        found[serial] = header["keeper"]
+        keepers.append(found[serial])
+        expected = [str(tmp_path / "elasticrun-slots" / "worker.1")] if serial == 3 else []
+        assert header["replaced"] == expected
+        assert launched.stdin is not None
+        launched.stdin.close()
+        assert launched.wait(10) == 255
+    deadline = time.monotonic() + 10
+    while pids_alive(list(found.values())) != [found[2], found[3]]:
+        assert time.monotonic() < deadline, pids_alive(list(found.values()))
+        time.sleep(0.05)
 
 
 # --- the driver's side: sessions through the real sshd --------------------------------------

@@ -20,6 +20,8 @@ class HostFolder:
 
     job_id: str
     serial: int
+    slot: int | None = None  # its slot on the host: a worker launched on it stops any other
+    # worker of the job still holding that slot (one the driver counted out while cut off)
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ class Fleet:
                 # private (0700, this user's): a planted folder or link raises LaunchError
                 worker.log_dir = prepare_log_dir(self.log_root, worker.serial)
             else:  # its agent prepares the folder over there, and says where it is
-                host_folder = HostFolder(self._job_id, int(worker.serial))
+                host_folder = HostFolder(self._job_id, int(worker.serial), worker.host_slot)
                 located = self._located(worker)
         spec = WorkerSpec(
             hostname=worker.hostname,

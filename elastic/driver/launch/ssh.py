@@ -167,6 +167,7 @@ class SshLauncher(Launcher):
             header["detach"] = {
                 "job_id": spec.host_folder.job_id,
                 "serial": spec.host_folder.serial,
+                "slot": spec.host_folder.slot,
             }
         assert process.stdin is not None
         process.stdin.write((json.dumps(header) + "\n").encode())

@@ -2,7 +2,8 @@
 
 Protocol on standard input (nothing secret is ever on a command line):
   line 1: JSON `{"env": {...}, "grace": seconds}`: the worker's environment, token included,
-          and `"detach": {"job_id": ID, "serial": N}` for a worker that outlives the driver;
+          and `"detach": {"job_id": ID, "serial": N, "slot": S}` for a worker that outlives the
+          driver;
   then `TERM` (SIGTERM the worker's process group) or `KILL` (SIGKILL it), one per line;
   end of input (the driver or its ssh connection went away): SIGTERM, then SIGKILL after grace
   (a detached worker goes on: see `ssh_relay.py`).
@@ -90,7 +91,8 @@ def main(argv: list[str]) -> int:
     env.update(header.get("env", {}))
     grace = float(header.get("grace", 5.0))
     if (detach := header.get("detach")) is not None:
-        return ssh_relay.launch(argv[1:], env, detach["job_id"], int(detach["serial"]))
+        slot = None if detach.get("slot") is None else int(detach["slot"])
+        return ssh_relay.launch(argv[1:], env, detach["job_id"], int(detach["serial"]), slot)
     try:
         process = subprocess.Popen(
             argv[1:], env=env, stdin=subprocess.DEVNULL, start_new_session=True

@@ -264,6 +264,13 @@ class RemoteDetachedProcess(WorkerProcess):
                 self._located(keeper, folder)
         if adopting and not header.get("running", True):
             self._unwatched = True
+        for replaced in header.get("replaced", []):
+            log.warning(
+                "stopped %s on host %s: it still held the slot of the new worker (counted "
+                "out while cut off from this driver)",
+                os.path.basename(replaced),
+                self._hostname,
+            )
         for stray in header.get("stopped", []):
             log.warning(
                 "stopped %s on host %s: the earlier driver launched it after its last save",

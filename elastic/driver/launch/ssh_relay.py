@@ -36,6 +36,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from elastic.driver.errors import LaunchError
 from elastic.driver.launch.detached import (
@@ -48,10 +49,12 @@ from elastic.driver.launch.detached import (
     runs_keeper_of,
 )
 from elastic.driver.launch.follower import OutputFollower
+from elastic.driver.launch.private_files import open_private
 from elastic.driver.launch.relay_frames import EXIT, HEADER, STREAMS, FrameWriter
 
 RELAY_LOST = 255  # the agent's exit code when it stops relaying a worker that goes on
 KILL_WAIT = 1.0  # seconds to wait for a keeper's end after KILL, before the agent exits
+SLOT_FILE = "slot"  # in a worker's folder: its slot on this host
 
 
 class _StartedKeeper:
@@ -102,12 +105,20 @@ class _FramedStream:
         pass
 
 
-def launch(command: list[str], env: dict[str, str], job_id: str, serial: int) -> int:
-    """Start `command` detached, as worker `serial` of job `job_id`, with environment `env`;
-    relay it (see the module). Exits 126 (one line on stderr, no frame) when its folder is
-    not this user's own or the keeper cannot start."""
+def launch(
+    command: list[str], env: dict[str, str], job_id: str, serial: int, slot: int | None = None
+) -> int:
+    """Start `command` detached, as worker `serial` of job `job_id` on this host's `slot`,
+    with environment `env`; relay it (see the module). Any other worker of the job still on
+    that slot is SIGKILLed first: the driver launches on a slot it counts free, so that one
+    was counted out while cut off from it. Exits 126 (one line on stderr, no frame) when its
+    folder is not this user's own or the keeper cannot start."""
+    root = default_log_root(job_id)
     try:
-        folder = prepare_log_dir(default_log_root(job_id), serial)
+        folder = prepare_log_dir(root, serial)
+        replaced = _stop_slot_holders(root, slot) if slot is not None else []
+        if slot is not None:
+            _write_private(os.path.join(folder, SLOT_FILE), str(slot))
     except LaunchError as error:
         print(f"elasticrun: {error}", file=sys.stderr)
         return 126
@@ -123,7 +134,13 @@ def launch(command: list[str], env: dict[str, str], job_id: str, serial: int) ->
     except OSError as error:
         print(f"elasticrun: cannot start the worker keeper: {error.strerror}", file=sys.stderr)
         return 126
-    header = {"keeper": child.pid, "folder": folder, "running": True, "stopped": []}
+    header = {
+        "keeper": child.pid,
+        "folder": folder,
+        "running": True,
+        "stopped": [],
+        "replaced": replaced,
+    }
     offsets = dict.fromkeys(STREAMS, 0)
     return asyncio.run(_relay(_StartedKeeper(child), folder, offsets, header))
 
@@ -160,6 +177,28 @@ def _own_folder(folder: str) -> bool:
     except OSError:
         return False
     return stat.S_ISDIR(found.st_mode) and found.st_uid == os.geteuid()
+
+
+def _write_private(path: str, text: str) -> None:
+    """Write `text` to `path`, a file of this user's with mode 0600 (never through a link)."""
+    fd = open_private(path, os.O_WRONLY | os.O_TRUNC)
+    with os.fdopen(fd, "w") as file:
+        file.write(text)
+
+
+def _stop_slot_holders(root: str, slot: int) -> list[str]:
+    """SIGKILL the keepers under `root` whose worker holds this host's `slot`; their
+    folders."""
+    stopped = []
+    for pid, folder in keepers_under(root).items():
+        try:
+            held = int(Path(folder, SLOT_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if held == slot:
+            kill_keeper(pid)
+            stopped.append(folder)
+    return sorted(stopped)
 
 
 def _stop_strays(root: str, upto: int, keep: frozenset[int]) -> list[str]:
