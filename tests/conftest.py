@@ -7,6 +7,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -147,6 +148,15 @@ def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port on 127.0.0.3 that accepts TCP connections and never says a word."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.3", 0))
+        listener.listen(8)
+        yield listener.getsockname()[1]
 
 
 def write_script(directory: Path, name: str, body: str) -> Path:

@@ -112,12 +112,15 @@ def test_a_restarted_driver_adopts_the_running_workers(
     assert shown.returncode == 0 and "ended with exit code 0" in shown.stdout, shown
 
 
-def test_a_worker_killed_while_the_driver_is_away_is_handled_after_the_restart(
-    elasticrun, etcd: EtcdServer, tmp_path: Path
+def kill_a_worker_while_the_driver_is_away(
+    elasticrun, etcd: EtcdServer, tmp_path: Path, job_id: str, host: str, *reach: str
 ) -> None:
+    """Rank 1 of a 2-worker job on `host` (`reach`: the flags that reach it) is SIGKILLed
+    while no driver runs: the restarted driver learns how it ended and re-forms without it,
+    and the job ends exactly once."""
     env = {"TMPDIR": str(tmp_path)}
     args = durable_args(
-        etcd, "restart2", "-np", "2", "--min-np", "1", "-H", "localhost:2",
+        etcd, job_id, "-np", "2", "--min-np", "1", "-H", f"{host}:2", *reach,
         "--blacklist-cooldown-range", "300", "300",
         *job_args(tmp_path, "--step-delay", "0.1", epochs=3),
     )  # fmt: skip
@@ -128,11 +131,17 @@ def test_a_worker_killed_while_the_driver_is_away_is_handled_after_the_restart(
     os.kill(pids[1], signal.SIGKILL)
 
     second = elasticrun(args, env)
-    second.wait_for(r"rank 1 on host localhost was killed by signal SIGKILL", timeout=30)
+    second.wait_for(rf"rank 1 on host {re.escape(host)} was killed by signal SIGKILL", 30)
     second.wait_for(r"round 2: 1 worker\(s\)", timeout=60)
     assert second.finish(120) == 0, second.transcript()
     assert pids_alive([pids[0]]) == [], "the survivor finished the job"
     assert assert_exactly_once(tmp_path, epochs=3)["size"] == 1
+
+
+def test_a_worker_killed_while_the_driver_is_away_is_handled_after_the_restart(
+    elasticrun, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    kill_a_worker_while_the_driver_is_away(elasticrun, etcd, tmp_path, "restart2", "localhost")
 
 
 def test_a_second_driver_of_a_running_job_is_refused(

@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from tests.conftest import RunningJob, pids_alive, processes_naming, write_scrip
 from tests.etcd_server import EtcdServer
 from tests.test_driver_restart import (
     durable_args,
+    kill_a_worker_while_the_driver_is_away,
     kill_driver,
     saved_token,
     status,
@@ -149,24 +149,9 @@ def test_remote_workers_outlive_a_killed_driver_and_the_next_one_adopts_them(
 def test_a_remote_worker_killed_while_the_driver_is_away_is_handled_after_the_restart(
     sshd: SshServer, elasticrun, etcd: EtcdServer, tmp_path: Path
 ) -> None:
-    env = {"TMPDIR": str(tmp_path)}
-    args = durable_args(
-        etcd, "remote2", "-np", "2", "--min-np", "1", "-H", f"{REMOTE}:2",
-        *sshd.elasticrun_args(), "--blacklist-cooldown-range", "300", "300",
-        *job_args(tmp_path, "--step-delay", "0.1", epochs=3),
-    )  # fmt: skip
-    first = elasticrun(args, env)
-    pids = ranks_to_pids(first, 2)
-    first.wait_for(r"step 4 ")
-    kill_driver(first)
-    os.kill(pids[1], signal.SIGKILL)
-
-    second = elasticrun(args, env)
-    second.wait_for(rf"rank 1 on host {re.escape(REMOTE)} was killed by signal SIGKILL", 30)
-    second.wait_for(r"round 2: 1 worker\(s\)", timeout=60)
-    assert second.finish(120) == 0, second.transcript()
-    assert pids_alive([pids[0]]) == [], "the survivor finished the job"
-    assert assert_exactly_once(tmp_path, epochs=3)["size"] == 1
+    kill_a_worker_while_the_driver_is_away(
+        elasticrun, etcd, tmp_path, "remote2", REMOTE, *sshd.elasticrun_args()
+    )
 
 
 # --- the agent, run as the driver runs it (no ssh: its stdin and stdout are pipes here) -----
@@ -397,15 +382,6 @@ def test_a_lost_ssh_session_is_followed_by_an_attach_that_repeats_and_loses_noth
     assert shown == (folder / "stdout").read_bytes()
     assert shown.decode().splitlines()[-1] == "line 9"
     assert any("attaching to it again" in r.getMessage() for r in caplog.records)
-
-
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A port on 127.0.0.3 that accepts TCP connections and never says a word."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.3", 0))
-        listener.listen(8)
-        yield listener.getsockname()[1]
 
 
 @pytest.mark.parametrize("case", ["refused", "silent"])

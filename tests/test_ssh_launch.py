@@ -11,11 +11,10 @@ import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -201,15 +200,6 @@ def test_a_failing_remote_worker_fails_the_job(
         for line in job.stderr
     ), job.transcript()
     assert processes_naming(str(worker)) == {}
-
-
-@pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A port on 127.0.0.3 that accepts TCP connections and never says a word."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.3", 0))
-        listener.listen(8)
-        yield listener.getsockname()[1]
 
 
 @pytest.mark.parametrize("case", ["refused", "wrong key", "silent"])

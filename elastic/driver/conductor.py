@@ -46,10 +46,12 @@ log = logging.getLogger("elasticrun")
 
 DECISIONS_KEPT = 50  # the newest decisions `/v1/status` shows
 PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
-# Heartbeat intervals between a round's first unreachability report and the decision: its
-# members probe at about the same time (blocked in the same collective), so their reports
-# arrive together; a decision on the first alone could cut off the wrong host.
+# Heartbeat intervals (and at least `UNREACHABLE_SETTLE_FLOOR` s) between a round's first
+# unreachability report and the decision: its members probe at about the same time (blocked
+# in the same collective), but a probe over a slow link takes longer; a decision on the
+# first report alone could cut off the wrong host.
 UNREACHABLE_SETTLE = 2
+UNREACHABLE_SETTLE_FLOOR = 1.5
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], None]
 
@@ -302,8 +304,8 @@ class Conductor:
 
     def _on_unreachable(self, report: PeersUnreachable) -> None:
         """Gather round `report.round`'s reports; the first one starts the wait for the others
-        (`UNREACHABLE_SETTLE` heartbeat intervals), after which `reachability.cut_off`
-        decides from all of them."""
+        (`UNREACHABLE_SETTLE` heartbeat intervals, `UNREACHABLE_SETTLE_FLOOR` s at least),
+        after which `reachability.cut_off` decides from all of them."""
         number, reports = self._unreachable
         if report.round != self._rendezvous.epoch or not self.phase.forms_rounds:
             return
@@ -313,7 +315,8 @@ class Conductor:
         reports.setdefault(report.worker_id, set()).update(report.ranks)
 
     async def _cut_off_after_settling(self, number: int) -> None:
-        await asyncio.sleep(UNREACHABLE_SETTLE * self._settings.heartbeat_interval)
+        interval = self._settings.heartbeat_interval
+        await asyncio.sleep(max(UNREACHABLE_SETTLE * interval, UNREACHABLE_SETTLE_FLOOR))
         reports = self._unreachable[1] if self._unreachable[0] == number else {}
         self.apply(reachability.cut_off(self.view(), number, reports, self._clock()))
 

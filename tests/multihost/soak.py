@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.multihost.bed import Bed
+from tests.multihost.wire import Side
 from tests.soak import WEIGHTS, Soak, StepLine, job_processes
 
 BED_WEIGHTS = {
@@ -91,10 +92,17 @@ class BedSoak(Soak):
     def may_lose(self, pid: int, line: str) -> bool:
         """Lines a worker printed at most `OUTPUT_IN_FLIGHT` s before its host's link to the
         driver was lost, or after, may be lost with the link (as on a machine that loses
-        power, or whose driver declares it dead while cut off)."""
+        power, or whose driver declares it dead while cut off); so may those printed since
+        the driver was last killed, when the link went before a restarted driver (which
+        takes a few seconds to start) re-attached to the worker."""
         since = self._cut_off.get(pid)
         step = StepLine.parse(line)
-        return since is not None and step is not None and step.t >= since - OUTPUT_IN_FLIGHT
+        if since is None or step is None:
+            return False
+        restarts = [
+            f.at for f in self.faults if f.kind == "driver_restart" and since - 10.0 < f.at < since
+        ]
+        return step.t >= min([since - OUTPUT_IN_FLIGHT, *restarts])
 
     def _fault_host_vanish(self) -> str | None:
         host = self._target(spare_one=True)
@@ -115,21 +123,23 @@ class BedSoak(Soak):
         return f"host {host} vanished, back in {delay:.2f} s"
 
     def _fault_partition_driver(self) -> str | None:
-        host = self._target(spare_one=False)
-        if host is None:
-            return None
-        self._losing_driver(host)
-        self._bed.partition(host, from_="driver")
-        delay = self._until(0.3, 4.0, host, "heal", lambda: self._bed.heal(host))
-        return f"host {host} cut off from the driver for {delay:.2f} s"
+        return self._partition("driver", 0.3, 4.0)
 
     def _fault_partition_peers(self) -> str | None:
-        host = self._target(spare_one=True)
+        return self._partition("peers", 1.0, 5.0)
+
+    def _partition(self, side: Side, low: float, high: float) -> str | None:
+        """Cut a host off from the driver or from its peers for `low`-`high` seconds (never
+        the last host up from its peers: someone must train)."""
+        host = self._target(spare_one=side == "peers")
         if host is None:
             return None
-        self._bed.partition(host, from_="peers")
-        delay = self._until(1.0, 5.0, host, "heal", lambda: self._bed.heal(host))
-        return f"host {host} cut off from its peers for {delay:.2f} s"
+        if side == "driver":
+            self._losing_driver(host)
+        self._bed.partition(host, from_=side)
+        delay = self._until(low, high, host, "heal", lambda: self._bed.heal(host))
+        whom = "the driver" if side == "driver" else "its peers"
+        return f"host {host} cut off from {whom} for {delay:.2f} s"
 
     def _fault_link_flap(self) -> str | None:
         host = self._target(spare_one=False)

@@ -23,8 +23,10 @@ def cut_off(view: JobView, number: int, reports: Reports, now: float) -> Decisio
 
     Each other host that reports a host unreachable (any of its ranks) counts one vote
     against it; reports about ranks of the reporter's own host do not count. The host with
-    the most votes is cut off; between equals, the one holding the highest rank (the newest
-    in the job) goes, so that two hosts that cannot reach each other keep the older one. Its
+    the most votes is cut off; between equals, the one that itself reports the most other
+    hosts unreachable (a host cut off from all its peers reports every one, while a report
+    of one of its peers may come late), then the one holding the highest rank (the newest in
+    the job) goes, so that two hosts that cannot reach each other keep the older one. Its
     live members are killed and have failed (cooldown, broken round, re-form). Nothing is
     done for an older round, a job that forms no rounds, or reports naming no other host.
     """
@@ -43,7 +45,14 @@ def cut_off(view: JobView, number: int, reports: Reports, now: float) -> Decisio
     if not votes:
         return NOTHING
     highest_rank = {host: rank for rank, host in sorted(host_of_rank.items())}
-    loser = max(votes, key=lambda host: (len(votes[host]), highest_rank[host]))
+    reported_by: dict[str, set[str]] = {}  # host -> the other hosts it reports
+    for host, voters in votes.items():
+        for voter in voters:
+            reported_by.setdefault(voter, set()).add(host)
+    loser = max(
+        votes,
+        key=lambda h: (len(votes[h]), len(reported_by.get(h, ())), highest_rank[h]),
+    )
     voters = ", ".join(sorted(votes[loser]))
     reason = f"is unreachable from its peers on host(s) {voters}"
     actions = []
