@@ -62,9 +62,19 @@ def free_subnet() -> ipaddress.IPv4Network | None:
 
 def make_bridge(name: str, address: ipaddress.IPv4Interface) -> None:
     """Create bridge `name` holding `address` (the driver's side of the bed), up, with the
-    alias that names this process as its owner."""
-    ip("link", "add", name, "type", "bridge")
+    alias that names this process as its owner.
+
+    Its MAC address is set, never derived: a bridge otherwise takes the lowest MAC of its
+    ports, so a host that vanished (its port gone) or came back could change the driver's
+    MAC, and every other host would send to the old one, heartbeats lost, until its ARP
+    entry expired (the bed soak saw every worker declared dead after one host vanished)."""
+    ip("link", "add", name, "address", _bridge_mac(), "type", "bridge")
     disable_ipv6(name)
     ip("link", "set", name, "alias", f"{OWNER_ALIAS}{os.getpid()}")
     ip("addr", "add", str(address), "dev", name)
     ip("link", "set", name, "up")
+
+
+def _bridge_mac() -> str:
+    """A random locally administered unicast MAC address."""
+    return ":".join(["02", *(f"{b:02x}" for b in os.urandom(5))])

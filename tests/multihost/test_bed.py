@@ -128,6 +128,30 @@ def driver_port(bed: Bed) -> Iterator[int]:
         yield listener.getsockname()[1]
 
 
+def driver_mac(bed: Bed) -> str:
+    """The MAC address of the root-namespace interface that holds the driver's address."""
+    links = json.loads(subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True,
+                                      check=True).stdout)  # fmt: skip
+    (mac,) = [
+        link["address"]
+        for link in links
+        if any(a.get("local") == bed.driver_address for a in link.get("addr_info", []))
+    ]
+    return mac
+
+
+def test_the_driver_s_mac_stays_while_hosts_vanish_and_come_back(bed: Bed) -> None:
+    """Other hosts keep the driver's MAC in their ARP caches: had it changed with a port of
+    the bridge, every host would lose its heartbeats when one vanished."""
+    before = driver_mac(bed)
+    for host in bed.hosts:
+        bed.vanish(host.name)
+        assert driver_mac(bed) == before
+    for host in bed.hosts:
+        bed.back(host.name)
+        assert driver_mac(bed) == before
+
+
 def test_a_partition_from_the_driver_leaves_the_peers(bed: Bed, driver_port: int) -> None:
     driver, h1, h2 = bed.driver_address, bed.address("h1"), bed.address("h2")
     bed.partition("h1", from_="driver")
