@@ -50,7 +50,8 @@ A system that does not recover within `--bound` seconds gets `null` and the reas
 made-up number. Every wait is bounded; a trial that hangs is recorded failed with its reason.
 After each trial every launcher is stopped (SIGTERM, then SIGKILL), and nothing may be left:
 neither a process naming the trial's folder anywhere (a /proc scan) nor any process but sshd
-in a host's namespace; leftovers are SIGKILLed by PID and reported.
+in a host's namespace, nor, once the bed is closed, any of its namespaces, links or nft table;
+leftover processes are SIGKILLed by PID; everything left is reported (`leftovers`).
 
 The JSON document goes to stdout and to `--out` (default bench/results/multihost.json); each
 trial's transcript to the folder beside it named like it (bench/results/multihost/); progress
@@ -115,6 +116,7 @@ from bench.elastic_recovery import (  # noqa: E402 - after the path fix above
 )
 from bench.provenance import git_state, load_averages  # noqa: E402
 from tests.multihost.bed import Bed, BedUnavailable, missing_prerequisite  # noqa: E402
+from tests.multihost.leftovers import survey  # noqa: E402
 
 SYSTEMS = ["elasticrun", "torchrun"]
 SCENARIOS = ["worker_kill", "host_vanish", "driver_partition", "host_return"]
@@ -391,14 +393,38 @@ def run_trial(
         detail = str(err) if isinstance(err, TrialFailed) else f"{type(err).__name__}: {err}"
         record["error"] = f"{phase}: {detail}"
     finally:
-        if bed is not None and host is not None and scenario == "driver_partition":
-            bed.heal(host)  # partitions end; the stale worker is told to go (elasticrun)
-        record["stop"] = stop_all(job.launchers if job else [], str(folder))
-        if bed is not None:
-            record["stop"]["namespace_leftovers"] = namespace_leftovers(bed)
-            bed.close()
+        cut = host if scenario == "driver_partition" else None
+        record["stop"] = clean_up(folder, bed, job, cut)
         (folder.parent / f"{folder.name}.log").write_text(out.transcript(t_start) + "\n")
     return record
+
+
+def clean_up(
+    folder: Path, bed: Bed | None, job: ElasticrunOnBed | TorchrunOnBed | None, cut: str | None
+) -> dict[str, Any]:
+    """After a trial: heal the `cut` host (partitions end; elasticrun then tells the stale
+    worker to go), stop every launcher, check that nothing is left in the root namespace
+    (`stop_all`: no process names the trial's folder) nor in the hosts, and close the bed,
+    checking that its namespaces, links and nft table are gone. Never raises: what went wrong
+    is in the returned record."""
+    errors = []
+    if bed is not None and cut is not None:
+        try:
+            bed.heal(cut)
+        except Exception as err:  # noqa: BLE001 - stop the launchers whatever happened
+            errors.append(f"heal {cut}: {err}")
+    stop = stop_all(job.launchers if job else [], str(folder))
+    if bed is not None:
+        stop["namespace_leftovers"] = namespace_leftovers(bed)
+        made = bed.names()
+        try:
+            bed.close()
+        except Exception as err:  # noqa: BLE001 - reported; the next bed sweeps what is left
+            errors.append(f"closing the bed: {err}")
+        stop["bed_remains"] = sorted(made & survey().names())
+    if errors:
+        stop["errors"] = errors
+    return stop
 
 
 # --- the benchmark --------------------------------------------------------------------------
@@ -407,7 +433,8 @@ def run_trial(
 def leftovers(record: dict[str, Any]) -> int:
     stop = record["stop"]
     in_namespaces = sum(len(v) for v in stop.get("namespace_leftovers", {}).values())
-    return len(stop["leftover_processes_sigkilled"]) + in_namespaces
+    bed = len(stop.get("bed_remains", []))
+    return len(stop["leftover_processes_sigkilled"]) + in_namespaces + bed
 
 
 def summarize_cell(scenario: str, system: str, records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -51,6 +51,7 @@ def test_multihost_bench_measures_a_worker_kill(tmp_path: Path) -> None:
     assert record["milestones"]["first step at size 3"] == record["recovery_s"]
     stop = record["stop"]
     assert stop["leftover_processes_sigkilled"] == [] and stop["namespace_leftovers"] == {}
+    assert stop["bed_remains"] == [] and "errors" not in stop
 
     cell = doc["scenarios"]["worker_kill"]["systems"]["elasticrun"]
     assert (cell["trials"], cell["trials_ok"], cell["leftovers"]) == (1, 1, 0)
