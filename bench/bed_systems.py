@@ -65,10 +65,12 @@ def torchrun_needs(pg_timeout: float) -> list[str]:
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as in bench/elastic_recovery.py: without it a "
         "restarted or new agent re-reads stale rendezvous keys and cannot join",
         "--local-addr=<the host's address>: every bed host has the machine's host name, which "
-        "resolves to loopback, and torchrun hands it to the workers as MASTER_ADDR",
+        "resolves to loopback, and torchrun hands it to the workers as MASTER_ADDR (without "
+        "it, tried here on 2 hosts: no step, the workers time out connecting to the store)",
         "GLOO_SOCKET_IFNAME=eth0 for the workers: Gloo binds the address the host name "
-        "resolves to (loopback) unless told which interface to use (elasticrun's workers "
-        "pick the interface that routes to the driver themselves)",
+        "resolves to (loopback) unless told which interface to use (without it, tried here: "
+        "no step, Gloo connects to 127.0.0.1); elasticrun's workers pick the interface that "
+        "routes to the driver themselves",
         "a rendezvous endpoint on no host that can fail: a TCPStore process of its own in the "
         "root namespace, every agent with --rdzv-conf is_host=false; by default the agent on "
         "the endpoint's host serves the store, and the job cannot outlive that host",

@@ -3,7 +3,8 @@ dies, a host vanishes, a host is cut off from the driver, and a vanished host co
 
     python -m bench.multihost --trials 3 [--systems elasticrun,torchrun] [--scenarios ...]
 
-As root (the bed's network namespaces); about 5 minutes a trial (4 scenarios x 2 systems).
+As root (the bed's network namespaces); about 4-5 minutes a trial (4 scenarios x 2 systems;
+`--trials 3` took 13 minutes on 2 busy CPUs).
 
 The bed (tests/multihost/bed.py) is 4 hosts, 1 slot each: network namespaces on one bridge,
 each with its own sshd; the root namespace holds the driver's address. Every trial builds a
