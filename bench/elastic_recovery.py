@@ -225,24 +225,38 @@ class Output:
             )
 
 
+def _in_new_session(cmd: list[str], **popen: Any) -> subprocess.Popen[bytes]:
+    # A new session: a Ctrl-C on the benchmark reaches only the benchmark.
+    return subprocess.Popen(cmd, start_new_session=True, **popen)
+
+
 class Launcher:
     """One process started by the benchmark (elasticrun's driver, a torchrun agent), in its
-    own session, with its output read line by line into `output`."""
+    own session, with its output read line by line into `output`.
+
+    `start(cmd, **popen)` starts it and must put it in a new session: by default
+    `subprocess.Popen` here; the multi-host bed's `Bed.start` bound to a host runs it in that
+    host's network namespace (bench/multihost.py)."""
 
     def __init__(
-        self, name: str, cmd: list[str], env: dict[str, str], output: Output, cwd: Path
+        self,
+        name: str,
+        cmd: list[str],
+        env: dict[str, str],
+        output: Output,
+        cwd: Path,
+        start: Callable[..., subprocess.Popen[bytes]] = _in_new_session,
     ) -> None:
         self.name = name
         self.cmd = cmd
         self.started = time.time()
-        self.process = subprocess.Popen(
+        self.process = start(
             cmd,
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            start_new_session=True,  # a Ctrl-C on the benchmark reaches only the benchmark
         )
         for stream in (self.process.stdout, self.process.stderr):
             threading.Thread(target=self._read, args=(stream, output), daemon=True).start()
@@ -396,7 +410,7 @@ def make_systems() -> dict[str, System]:
     }
 
 
-def _first(steps: list[Step], accept: Callable[[Step], bool]) -> Step | None:
+def first_step(steps: list[Step], accept: Callable[[Step], bool]) -> Step | None:
     return next((s for s in steps if accept(s)), None)
 
 
@@ -436,24 +450,26 @@ def milestones(
     return found
 
 
-def incumbent_stall(out: Output, t_add: float) -> tuple[float | None, float | None]:
-    """(longest gap between consecutive steps of rank 0 or 1 from their last step before
-    `t_add` to their first step at size 3, median gap at size 2 before `t_add`)."""
-    worst, gaps2 = None, []
+def incumbent_stall(out: Output, t_add: float, size: int = 3) -> tuple[float | None, float | None]:
+    """(longest gap between consecutive steps of the incumbents' ranks 0 .. size - 2 from
+    their last step before `t_add` to their first step at `size`, median gap at `size` - 1
+    before `t_add`)."""
+    worst, gaps_before = None, []
     with out.cond:
         steps = list(out.steps)
-    for rank in (0, 1):
+    for rank in range(size - 1):
         times = sorted(s.t for s in steps if s.rank == rank)
-        first3 = _first(steps, lambda s, r=rank: s.size == 3 and s.rank == r and s.t >= t_add)
+        grown = first_step(steps, lambda s, r=rank: s.size == size and s.rank == r and s.t >= t_add)
         before = [t for t in times if t < t_add]
-        if first3 is None or not before:
+        if grown is None or not before:
             continue
-        window = [t for t in times if before[-1] <= t <= first3.t]
+        window = [t for t in times if before[-1] <= t <= grown.t]
         gap = max(b - a for a, b in zip(window, window[1:], strict=False))
         worst = gap if worst is None else max(worst, gap)
-        two = sorted(s.t for s in steps if s.rank == rank and s.size == 2 and s.t < t_add)[-40:]
-        gaps2 += [b - a for a, b in zip(two, two[1:], strict=False)]
-    return worst, (statistics.median(gaps2) if gaps2 else None)
+        small = [s.t for s in steps if s.rank == rank and s.size == size - 1 and s.t < t_add]
+        small = sorted(small)[-40:]
+        gaps_before += [b - a for a, b in zip(small, small[1:], strict=False)]
+    return worst, (statistics.median(gaps_before) if gaps_before else None)
 
 
 def scale_up(
@@ -463,7 +479,7 @@ def scale_up(
     scale-up metrics and milestones."""
     first3 = out.wait(
         "a step at size 3",
-        lambda o: _first(o.steps, lambda s: s.size == 3 and s.t >= t_add),
+        lambda o: first_step(o.steps, lambda s: s.size == 3 and s.t >= t_add),
         SCALE_UP_TIMEOUT,
         launchers,
     )
@@ -514,7 +530,7 @@ def run_trial(system: System, folder: Path, rng: random.Random, add_line: str) -
             }
         first = out.wait(
             "the first step at size 2",
-            lambda o: _first(o.steps, lambda s: s.size == 2),
+            lambda o: first_step(o.steps, lambda s: s.size == 2),
             LAUNCH_TIMEOUT,
             launchers,
         )
@@ -541,7 +557,7 @@ def run_trial(system: System, folder: Path, rng: random.Random, add_line: str) -
             t_check = time.time()
             latest = out.wait(
                 "training to go on",
-                lambda o: _first(o.steps, lambda s: s.t > t_check),
+                lambda o: first_step(o.steps, lambda s: s.t > t_check),
                 STEADY_TIMEOUT,
                 launchers,
             )
@@ -563,7 +579,7 @@ def run_trial(system: System, folder: Path, rng: random.Random, add_line: str) -
             resumed = lambda s: s.pid not in known and s.t > t_kill  # noqa: E731
         back = out.wait(
             "a step after the SIGKILL",
-            lambda o: _first(o.steps, resumed),
+            lambda o: first_step(o.steps, resumed),
             RECOVERY_TIMEOUT,
             launchers,
         )

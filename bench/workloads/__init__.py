@@ -31,13 +31,18 @@ SAMPLES = 48_000
 LR = 0.01
 
 
-def parse_args(description: str) -> argparse.Namespace:
+def arg_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments both workloads take; a workload may add its own before parsing."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", required=True, help="folder for checkpoints (torchrun)")
     parser.add_argument("--commit-every", type=int, default=5)
     parser.add_argument("--samples", type=int, default=SAMPLES)
     parser.add_argument("--max-seconds", type=float, default=300.0, help="safety: exit after")
-    return parser.parse_args()
+    return parser
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    return arg_parser(description).parse_args()
 
 
 def start_safety_timer(seconds: float) -> None:

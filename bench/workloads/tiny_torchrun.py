@@ -9,12 +9,18 @@ across one: rank 0 checkpoints model, optimizer and position to `OUT/checkpoint.
 `--commit-every` steps (written to a temporary file, then renamed), and every (re)started
 worker resumes from it. `DistributedDataParallel` on Gloo, a `DistributedSampler` per epoch.
 Model, data and printed lines: `bench/workloads`.
+
+`--pg-timeout S` passes `timeout=S` to `init_process_group` (default: torch's, 30 minutes for
+Gloo): how long a collective may wait for a peer. A peer whose host vanished never answers
+nor closes its connections, so without it the survivors wait out torch's default before they
+fail and their agents can restart them (bench/multihost.py).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 if not __package__:  # run as a script: make `bench` importable
@@ -32,20 +38,25 @@ from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 from bench.workloads import (  # noqa: E402
     BATCH,
     LR,
+    arg_parser,
     build_model,
     line,
     make_data,
-    parse_args,
     start_safety_timer,
 )
 
 
 def main() -> None:
-    args = parse_args(__doc__ or "")
+    parser = arg_parser(__doc__ or "")
+    parser.add_argument("--pg-timeout", type=float, default=None, help="seconds (see above)")
+    args = parser.parse_args()
     start_safety_timer(args.max_seconds)
     event("started")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    if args.pg_timeout is None:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
     rank, size = dist.get_rank(), dist.get_world_size()
     event(f"initialized size {size} rank {rank}")
     features, targets = make_data(args.samples)
