@@ -127,8 +127,8 @@ def test_a_host_that_vanishes_during_the_first_launch_fails_the_launch_by_name(
     bed: Bed, elasticrun: Callable[..., RunningJob], tmp_path: Path
 ) -> None:
     """A static job whose third host loses power while its worker starts: the launch fails
-    within the start timeout, with a line naming the host; it does not hang on the silent
-    ssh session."""
+    within the start timeout (or when ssh's keep-alive gives the session up), with a line
+    naming the host; the job's end does not wait on the silent ssh session."""
     hosts = ",".join(f"{host.address}:1" for host in bed.hosts)
     job = elasticrun(
         ["-np", "3", "-H", hosts, *bed.ssh_args(), "--start-timeout", "20",
@@ -143,5 +143,7 @@ def test_a_host_that_vanishes_during_the_first_launch_fails_the_launch_by_name(
     print(f"vanished during launch -> launcher exit {code} after {took:.1f} s")
     assert code != 0
     assert took < 20 + 10, "the job's end waited on the vanished host"
+    # The start timeout, or ssh's keep-alive giving the session up (15 s), whichever first.
     last = job.stderr[-1]
-    assert bed.address("h3") in last and "20 s" in last, job.transcript()
+    assert bed.address("h3") in last, job.transcript()
+    assert "did not join the rendezvous within 20 s" in last or "exited with code 255" in last
