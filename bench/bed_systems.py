@@ -29,7 +29,6 @@ import uuid
 from pathlib import Path
 
 from bench.elastic_recovery import (
-    COMMIT_EVERY,
     ELASTIC_WORKLOAD,
     HOSTS_FILE_SCRIPT,
     LEFTOVER_TIMEOUT,
@@ -40,6 +39,7 @@ from bench.elastic_recovery import (
     Output,
     TrialFailed,
     make_systems,
+    worker_args,
     write_hosts,
 )
 from tests.multihost.bed import Bed
@@ -107,17 +107,6 @@ def this_checkout(env: dict[str, str]) -> dict[str, str]:
     return dict(env, PYTHONPATH=os.pathsep.join(path))
 
 
-def worker_args(folder: Path) -> list[str]:
-    return [
-        "--out",
-        str(folder),
-        "--commit-every",
-        str(COMMIT_EVERY),
-        "--max-seconds",
-        str(WORKER_MAX_SECONDS),
-    ]
-
-
 class ElasticrunOnBed:
     """elasticrun's driver in the root namespace; the bed's hosts from a discovery file."""
 
@@ -142,7 +131,7 @@ class ElasticrunOnBed:
             "--blacklist-cooldown-range", str(low), str(high),
             "--start-timeout", str(START_TIMEOUT),
             *self.bed.ssh_args(),
-            sys.executable, str(ELASTIC_WORKLOAD), *worker_args(self.folder),
+            sys.executable, str(ELASTIC_WORKLOAD), *worker_args(self.folder, WORKER_MAX_SECONDS),
         ]  # fmt: skip
         self.launchers.append(Launcher("elasticrun", cmd, env, self.out, ROOT))
         self.commands = {
@@ -201,7 +190,7 @@ class TorchrunOnBed:
             "--max-restarts=1000", f"--local-addr={address}",
             f"--rdzv-conf={TUNED_RDZV_CONF},{RDZV_ON_BED}",
             f"--monitor-interval={TUNED_MONITOR_INTERVAL}",
-            str(TORCHRUN_WORKLOAD), *worker_args(self.folder), *extra,
+            str(TORCHRUN_WORKLOAD), *worker_args(self.folder, WORKER_MAX_SECONDS), *extra,
         ]  # fmt: skip
 
     def _start_agent(self, host: str) -> None:

@@ -362,16 +362,6 @@ class System:
     env: dict[str, str]
     torchrun_extra: list[str] = field(default_factory=list)
 
-    def worker_args(self, folder: Path) -> list[str]:
-        return [
-            "--out",
-            str(folder),
-            "--commit-every",
-            str(COMMIT_EVERY),
-            "--max-seconds",
-            str(WORKER_MAX_SECONDS),
-        ]
-
     def elasticrun_cmd(self, folder: Path) -> list[str]:
         exe = shutil.which("elasticrun")
         return [
@@ -379,7 +369,7 @@ class System:
             "-np", "2", "--min-np", "1", "--max-np", "3",
             "--host-discovery-script", str(HOSTS_FILE_SCRIPT),
             "--discovery-interval", "0.2",
-            sys.executable, str(ELASTIC_WORKLOAD), *self.worker_args(folder),
+            sys.executable, str(ELASTIC_WORKLOAD), *worker_args(folder),
         ]  # fmt: skip
 
     def torchrun_cmd(self, folder: Path, port: int, run_id: str) -> list[str]:
@@ -390,8 +380,15 @@ class System:
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
             "--max-restarts=1000",
             *self.torchrun_extra,
-            str(TORCHRUN_WORKLOAD), *self.worker_args(folder),
+            str(TORCHRUN_WORKLOAD), *worker_args(folder),
         ]  # fmt: skip
+
+
+def worker_args(folder: Path, max_seconds: float = WORKER_MAX_SECONDS) -> list[str]:
+    """The workloads' arguments (both systems, and the multi-host benchmark's); `max_seconds`
+    is the workers' safety timer."""
+    return ["--out", str(folder), "--commit-every", str(COMMIT_EVERY),
+            "--max-seconds", str(max_seconds)]  # fmt: skip
 
 
 def make_systems() -> dict[str, System]:
