@@ -318,6 +318,36 @@ def test_join_returns_the_slot_and_epoch_or_pending() -> None:
     run(check)
 
 
+def test_a_key_wait_of_the_round_taken_up_from_an_earlier_driver_says_when_keys_are_lost() -> None:
+    """A restarted driver holds none of the keys its predecessor held: ranks that were forming
+    the round's group wait for them in vain, and the driver must hear of it."""
+    services = make_services()
+    lost: list[int] = []
+    services.keys_lost = lost.append
+    services.rendezvous.restore(7, [("w1", "h"), ("w2", "h")])
+
+    async def check() -> None:
+        transport = httpx.ASGITransport(app=create_app(services))
+        async with httpx.AsyncClient(transport=transport, base_url="http://d") as client:
+            await client.post("/v1/kv/set", json={"epoch": 7, "key": "here", "value": "eA=="},
+                              headers=AUTH)  # fmt: skip
+            asks = [
+                ("/v1/kv/get", {"epoch": 7, "key": "here", "timeout": 0}),  # held: nothing
+                ("/v1/kv/wait", {"epoch": 7, "keys": ["here"], "timeout": 0}),
+                ("/v1/kv/get", {"epoch": 7, "key": "gone", "timeout": 0}),  # lost
+                ("/v1/kv/wait", {"epoch": 7, "keys": ["here", "gone"], "timeout": 0}),
+            ]
+            for path, body in asks:
+                await client.post(path, json=body, headers=AUTH)
+            assert lost == [7, 7]
+            services.rendezvous.form([("w1", "h")])  # round 8: this driver's own
+            await client.post("/v1/kv/get", json={"epoch": 8, "key": "k", "timeout": 0},
+                              headers=AUTH)  # fmt: skip
+            assert lost == [7, 7]
+
+    asyncio.run(check())
+
+
 def test_the_job_s_end_answers_every_key_wait_at_once() -> None:
     """A worker's long poll must not hold up the driver's exit (its host may have vanished,
     and the poll would run its full timeout)."""

@@ -28,7 +28,7 @@ from elastic.driver.policy.rounds import (
     Signal,
     WaitForWorkers,
 )
-from elastic.driver.policy.workers import caught_up, exited, failed, judged, waiting
+from elastic.driver.policy.workers import caught_up, exited, failed, judged, keys_lost, waiting
 from tests.policy_views import LV, NOW, L, M, S, kinds, view, worker
 
 
@@ -237,3 +237,15 @@ def test_a_worker_in_a_round_never_saved_makes_the_job_re_form_past_it() -> None
 
 def test_a_worker_in_a_known_round_changes_nothing() -> None:
     assert caught_up(pair(worker("r0", M), round=5), 5) is NOTHING
+
+
+def test_a_taken_up_round_whose_keys_were_lost_is_broken_and_re_formed() -> None:
+    job = view(worker("r0", M), worker("r1", M, slot=1), members=("r0", "r1"), round=7)
+    decision = keys_lost(job, 7)
+    assert kinds(decision) == [Log, BreakRound, Reform]
+    assert decision.actions[1] == BreakRound(7, "the driver restarted while the round formed")
+    assert decision.actions[2].broken
+    assert "round 7 was forming when the previous driver died" in decision.reason
+    assert keys_lost(job, 6) is NOTHING  # an older round: a newer one formed already
+    static = view(worker("r0", M), members=("r0",), round=7, elastic=None)
+    assert keys_lost(static, 7) is NOTHING

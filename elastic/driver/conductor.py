@@ -31,6 +31,7 @@ from elastic.driver.reports import (
     HostsChanged,
     Joined,
     Judged,
+    KeysLost,
     LeaveAsked,
     PeersUnreachable,
     Report,
@@ -99,6 +100,7 @@ class Conductor:
         self._leavers: set[str] = set()  # workers that were handing their state over
         # The current round's unreachability reports, by reporter (see `_on_unreachable`).
         self._unreachable: tuple[int, dict[str, set[int]]] = (0, {})
+        self._keys_lost: set[int] = set()  # rounds re-formed for keys an earlier driver held
 
     def resume(self, tally: Tally, finishing: bool) -> None:
         """Take up the counters and phase an earlier driver saved, its workers restored."""
@@ -136,6 +138,10 @@ class Conductor:
                 self.apply(leaving.asked(self.view(), worker, report.reason))
         elif isinstance(report, PeersUnreachable):
             self._on_unreachable(report)
+        elif isinstance(report, KeysLost):
+            if report.round not in self._keys_lost:
+                self._keys_lost.add(report.round)
+                self.apply(on_workers.keys_lost(self.view(), report.round))
         elif isinstance(report, HostsChanged):
             discovered = {h.hostname for h in self._watcher.tracker.discovered_hosts}
             self.apply(policy.hosts_removed(self.view(), report.change.removed, discovered))

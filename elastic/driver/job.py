@@ -47,6 +47,7 @@ from elastic.driver.policy.rounds import Phase
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.reports import (
     Joined,
+    KeysLost,
     Reports,
     Waiting,
 )
@@ -182,6 +183,7 @@ class Job:
         services = Services(
             self._token, self._kv, self._rendezvous, self.status, durable=self._journal.flush,
             newest_commit=lambda: self._conductor.tally.newest_commit,
+            keys_lost=lambda number: self._reports.put_nowait(KeysLost(number)),
         )  # fmt: skip
         inputs = WorkerInputs(
             self._workers, self._channels, self._reports, lambda: self._rendezvous.epoch,

@@ -81,6 +81,14 @@ class PeersUnreachable:
 
 
 @dataclass(frozen=True)
+class KeysLost:
+    """Round `round`, taken up from an earlier driver, waits for rendezvous keys this driver
+    does not hold (see `Services.keys_lost`)."""
+
+    round: int
+
+
+@dataclass(frozen=True)
 class HostsChanged:
     """Discovery or a cooldown changed the usable hosts."""
 
@@ -96,6 +104,7 @@ Report = (
     | Heard
     | LeaveAsked
     | PeersUnreachable
+    | KeysLost
     | HostsChanged
 )
 Reports = asyncio.Queue[Report]

@@ -173,3 +173,21 @@ def caught_up(view: JobView, number: int) -> Decision:
         Reform(f"round {number} was never saved", broken=True),
     )
     return Decision(actions, line)
+
+
+def keys_lost(view: JobView, number: int) -> Decision:
+    """Round `number`, which this driver took up from an earlier one, waits for rendezvous
+    keys that were set on that driver and died with it: its ranks were forming its group, and
+    they never will. Break it and re-form. Nothing for another round or a static job."""
+    if number != view.round or view.elastic is None or not view.phase.forms_rounds:
+        return NOTHING
+    line = (
+        f"round {number} was forming when the previous driver died, and the keys its ranks "
+        "had set went with it: re-forming"
+    )
+    actions = (
+        Log("warning", line),
+        BreakRound(number, "the driver restarted while the round formed"),
+        Reform(f"round {number}'s rendezvous keys were lost", broken=True),
+    )
+    return Decision(actions, line)

@@ -53,6 +53,7 @@ class Rendezvous:
         self._on_wait = on_wait
         self._on_join = on_join
         self._closed = False
+        self.restored: int | None = None  # the round taken up from an earlier driver, if any
 
     @staticmethod
     def epoch_prefix(epoch: int) -> str:
@@ -88,7 +89,7 @@ class Rendezvous:
         """Take up epoch `epoch` with `members` as an earlier driver formed it (same slots);
         wakes nobody: its members already have their slots."""
         self.form(members)
-        self.epoch = epoch
+        self.epoch = self.restored = epoch
 
     def advance_to(self, epoch: int) -> None:
         """Number the next epoch after `epoch`: an earlier driver of the job formed epochs up

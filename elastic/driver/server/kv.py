@@ -74,6 +74,13 @@ async def set_key(body: SetRequest, svc: ServicesDep) -> CheckResponse:
     return CheckResponse(ready=True)
 
 
+async def _note_lost_keys(svc: Services, epoch: int, keys: list[str]) -> None:
+    """Tell the driver when a wait is for keys of the round it took up from an earlier
+    driver and one of them is missing: they may have been set on that driver."""
+    if epoch == svc.rendezvous.restored and not await svc.kv.check(keys):
+        svc.keys_lost(epoch)
+
+
 @router.post(
     "/get",
     responses={
@@ -82,6 +89,7 @@ async def set_key(body: SetRequest, svc: ServicesDep) -> CheckResponse:
     },
 )
 async def get_key(body: GetRequest, svc: ServicesDep) -> ValueResponse:
+    await _note_lost_keys(svc, body.epoch, [_key(body.epoch, body.key)])
     get = svc.kv.get(_key(body.epoch, body.key), body.timeout)
     value = await _unless_superseded(svc, body.epoch, get)
     if value is None:
@@ -123,6 +131,7 @@ async def check(body: KeysRequest, svc: ServicesDep) -> CheckResponse:
 @router.post("/wait")
 async def wait(body: WaitRequest, svc: ServicesDep) -> CheckResponse:
     keys = [_key(body.epoch, k) for k in body.keys]
+    await _note_lost_keys(svc, body.epoch, keys)
     ready = await _unless_superseded(svc, body.epoch, svc.kv.wait(keys, body.timeout))
     return CheckResponse(ready=ready)
 

@@ -20,3 +20,7 @@ class Services:
     """Waits until the state workers are about to be told is saved (durable backends)."""
     newest_commit: Callable[[], int] = lambda: 0
     """The newest commit count any worker of the job has reported."""
+    keys_lost: Callable[[int], None] = lambda number: None
+    """A worker waits for a key of round `number`, the round this driver took up from an
+    earlier one, that this driver does not hold: the ranks were forming that round's group
+    when the earlier driver died, and the keys it held are gone."""
