@@ -25,6 +25,7 @@ from elastic.driver.launch.host_access import HostAccess
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.launch.staffing import Staffing
 from elastic.driver.policy.rounds import Phase
+from elastic.driver.rendezvous import keeper
 from elastic.driver.rendezvous.batcher import ROUND_AFTER_DEATH
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.reports import LeaveAsked, Reports, Waiting, WorkerExited
@@ -119,19 +120,50 @@ def test_deaths_heard_together_break_the_round_once_and_form_one_round(tmp_path)
     job = asyncio.run(scenario())
     assert job.rendezvous.epoch == 2
     assert job.rendezvous.members == [job.workers[2].worker_id, job.workers[3].worker_id]
-    (event,) = job.heard(2)  # one event both breaks round 1 and announces round 2
+    called_back, event = job.heard(2)  # the break once, with the call back, then round 2
+    assert isinstance(called_back, EpochBroken) and called_back.rejoin
+    assert "rank 0 on host localhost was killed by signal" in called_back.reason
     assert isinstance(event, HostsUpdated)
     assert (event.broken_epoch, event.next_epoch) == (1, 2)
-    assert "rank 0 on host localhost was killed by signal" in event.broken_reason
     assert job.conductor.tally.resets == 1 and job.ended == []
     reasons = [d.reason for d in job.conductor.decisions]
     assert reasons[-1].startswith("rank 0 on host localhost was killed by signal SIGKILL")
     assert "rank 1 on host localhost" in reasons[-1]  # both deaths, one round
 
 
-def test_survivors_of_a_death_hear_one_event_that_breaks_the_round_and_places_them(
+def test_survivors_are_called_back_at_once_and_the_round_forms_when_they_are_back(
     tmp_path,
 ) -> None:
+    """Survivors blocked in a collective only end it at the driver's word: they get it at
+    once, asked back to the rendezvous, and the round forms as they arrive, not when the
+    batcher's window ends."""
+
+    async def scenario() -> tuple[Harness, list[list[object]], int]:
+        job = Harness(4, elastic=True, tmp_path=tmp_path)
+        job.die(0)
+        await asyncio.sleep(0)  # the decision's turn ends
+        heard_at_once = [job.heard(index) for index in (1, 2, 3)]
+        for index in (1, 2, 3):
+            job.wait(index)
+        return job, heard_at_once, job.rendezvous.epoch
+
+    job, heard_at_once, epoch_when_back = asyncio.run(scenario())
+    reason = "rank 0 on host localhost was killed by signal SIGKILL (exit code -9)"
+    assert heard_at_once == [[EpochBroken(1, reason, rejoin=True)]] * 3
+    assert epoch_when_back == 2  # no window waited: the last one back formed it
+    assert job.rendezvous.members == [job.workers[i].worker_id for i in (1, 2, 3)]
+    for index in (1, 2, 3):
+        (event,) = job.heard(index)
+        assert isinstance(event, HostsUpdated) and event.next_epoch == 2
+
+
+def test_many_survivors_of_a_death_hear_one_event_that_breaks_the_round_and_places_them(
+    tmp_path, monkeypatch
+) -> None:
+    """Above `CALL_BACK_AT_MOST` survivors, calling each back would cost the driver more than
+    the batcher's window: the break goes with each one's slot, in one event."""
+    monkeypatch.setattr(keeper, "CALL_BACK_AT_MOST", 1)
+
     async def scenario() -> tuple[Harness, Worker]:
         job = Harness(3, elastic=True, tmp_path=tmp_path)
         joiner = job.fleet.new_worker("localhost", 3)  # started, not yet at the rendezvous
@@ -167,8 +199,8 @@ def test_every_live_worker_hears_the_break_when_no_round_can_form(tmp_path) -> N
     job = asyncio.run(scenario())
     assert job.rendezvous.epoch == 1 and job.conductor.phase is Phase.SHORT
     reason = "rank 0 on host localhost was killed by signal SIGKILL (exit code -9)"
-    for index in (1, 2):
-        assert job.heard(index) == [EpochBroken(1, reason)]
+    for index in (1, 2):  # called back at once; then the word for every live worker
+        assert job.heard(index) == [EpochBroken(1, reason, rejoin=True), EpochBroken(1, reason)]
 
 
 def test_a_static_job_ends_with_its_first_failure_s_code(tmp_path) -> None:

@@ -261,6 +261,25 @@ def test_events_arrive_in_membership_events(driver: Driver, clients: list[Contro
     assert wait_until(lambda: events.pending_update(4)) == HostsUpdate(5, True, True)
 
 
+def test_a_break_that_calls_the_worker_back_has_it_join_at_once(
+    driver: Driver, clients: list[ControlClient]
+) -> None:
+    """After a plain break the worker waits for its slot on the stream; after one that calls
+    it back (`rejoin`) it joins over HTTP at once: the next round waits for it."""
+    _, events = start_client(driver, clients, "w1")
+    driver.listener.wait_for("stream_opened", "w1")
+    assert not events.slot_follows(3), "an unbroken round: nothing follows"
+    driver.send("w1", EpochBroken(epoch=3, reason="h2 died"))
+    assert wait_until(lambda: events.broken(3)) == "h2 died"
+    assert events.slot_follows(3)
+    driver.send("w1", EpochBroken(epoch=4, reason="h3 died", rejoin=True))
+    assert wait_until(lambda: events.broken(4)) == "h3 died"
+    assert not events.slot_follows(4) and not events.slot_follows(3)
+    driver.send("w1", EpochBroken(epoch=5, reason="h4 died"))
+    assert wait_until(lambda: events.broken(5)) == "h4 died"
+    assert events.slot_follows(5), "a call back holds for its round, not for later ones"
+
+
 def test_a_new_round_brings_the_workers_slot_in_it_when_the_driver_gives_one(
     driver: Driver, clients: list[ControlClient]
 ) -> None:

@@ -101,9 +101,11 @@ class Slot(_message.Message):
     def __init__(self, hostname: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., cross_rank: _Optional[int] = ..., size: _Optional[int] = ..., local_size: _Optional[int] = ..., cross_size: _Optional[int] = ...) -> None: ...
 
 class EpochBroken(_message.Message):
-    __slots__ = ("epoch", "reason")
+    __slots__ = ("epoch", "reason", "rejoin")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    REJOIN_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     reason: str
-    def __init__(self, epoch: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    rejoin: bool
+    def __init__(self, epoch: _Optional[int] = ..., reason: _Optional[str] = ..., rejoin: _Optional[bool] = ...) -> None: ...

@@ -86,7 +86,7 @@ Product = ReduceOp.PRODUCT
 _Pending = tuple[list[dist.Work], Callable[[], Any]]
 
 
-_WAIT_SLICE = timedelta(milliseconds=50)
+_WAIT_SLICE = timedelta(milliseconds=10)
 
 
 def _wait(work: dist.Work) -> None:

@@ -444,6 +444,7 @@ class ControlClient:
                 )
             )
         elif kind == "epoch_broken":
-            self._events.break_epoch(event.epoch_broken.epoch, event.epoch_broken.reason)
+            broken = event.epoch_broken
+            self._events.break_epoch(broken.epoch, broken.reason, broken.rejoin)
         else:  # an event kind newer than this worker
             log.debug("ignoring an unknown control event %s", kind)

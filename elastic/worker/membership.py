@@ -50,6 +50,7 @@ class MembershipEvents:
         self._update: HostsUpdate | None = None
         self._broken_up_to = 0
         self._broken_reason = ""
+        self._called_back = 0  # the newest broken epoch whose successor waits for this worker
         self._leaving = False
 
     def hosts_updated(self, update: HostsUpdate) -> None:
@@ -86,18 +87,27 @@ class MembershipEvents:
             update = self._update
         return update if update is not None and update.next_epoch > epoch else None
 
-    def break_epoch(self, epoch: int, reason: str) -> None:
+    def break_epoch(self, epoch: int, reason: str, rejoin: bool = False) -> None:
         """Record that a member of `epoch` died: collectives of `epoch` and of every older
-        epoch must fail at once (a worker may still be in an older epoch than the driver)."""
+        epoch must fail at once (a worker may still be in an older epoch than the driver).
+        `rejoin`: the next epoch waits for this worker to join it (`slot_follows`)."""
         with self._lock:
             if epoch > self._broken_up_to:
                 self._broken_up_to = epoch
                 self._broken_reason = reason
+            if rejoin:
+                self._called_back = max(self._called_back, epoch)
 
     def broken(self, epoch: int) -> str | None:
         """Why `epoch` is broken, or None if it is not."""
         with self._lock:
             return self._broken_reason if 0 < epoch <= self._broken_up_to else None
+
+    def slot_follows(self, epoch: int) -> bool:
+        """Whether the driver broke `epoch` and will send this worker its slot in the next
+        epoch on the event stream, rather than waiting for it to join over HTTP."""
+        with self._lock:
+            return 0 < epoch <= self._broken_up_to and epoch > self._called_back
 
     def request_leave(self) -> None:
         """This worker should leave the job at its next commit (SIGTERM, a drained host)."""

@@ -159,11 +159,12 @@ def _enter_next_epoch(
     it does, it probes the peers that it could not connect to and reports the silent ones.
     The slot the driver sent on the event stream (`MembershipEvents.offer_after`), if any,
     is taken without asking; after a broken epoch it is awaited for up to `OFFER_WAIT` s,
-    and only then is the epoch joined over HTTP.
+    and only then is the epoch joined over HTTP (at once where the driver asked this worker
+    back: `MembershipEvents.slot_follows`).
     """
     timeout = timedelta(seconds=config.collective_timeout)
     while True:
-        wait = OFFER_WAIT if after_epoch and events.broken(after_epoch) is not None else 0.0
+        wait = OFFER_WAIT if events.slot_follows(after_epoch) else 0.0
         offer = events.offer_after(after_epoch, wait)
         if offer is not None:
             epoch, slot, job_commit = offer.epoch, offer.slot, offer.job_commit

@@ -30,10 +30,14 @@ class HostsUpdated:
 
 @dataclass(frozen=True)
 class EpochBroken:
-    """A member of `epoch` died: every collective of that epoch must fail at once."""
+    """A member of `epoch` died: every collective of that epoch must fail at once.
+
+    `rejoin`: the next round waits for this worker at the rendezvous, so it joins over HTTP
+    at once instead of waiting for its slot on the event stream."""
 
     epoch: int
     reason: str
+    rejoin: bool = False
 
 
 ControlEvent = HostsUpdated | EpochBroken

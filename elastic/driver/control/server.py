@@ -88,7 +88,8 @@ def event_to_proto(event: ControlEvent, placed: tuple[SlotInfo, int] | None = No
             update.slot.CopyFrom(pb.Slot(**slot.model_dump()))
         return pb.Event(hosts_updated=update)
     if isinstance(event, EpochBroken):
-        return pb.Event(epoch_broken=pb.EpochBroken(epoch=event.epoch, reason=event.reason))
+        broken = pb.EpochBroken(epoch=event.epoch, reason=event.reason, rejoin=event.rejoin)
+        return pb.Event(epoch_broken=broken)
     raise TypeError(f"not a control event: {event!r}")
 
 

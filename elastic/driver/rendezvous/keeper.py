@@ -17,6 +17,8 @@ from elastic.driver.workers import Worker
 
 log = logging.getLogger("elasticrun")
 
+CALL_BACK_AT_MOST = 64  # survivors of a broken round told at once to come back (see `want`)
+
 Spawn = Callable[[Coroutine[Any, Any, Any]], None]
 
 
@@ -54,9 +56,19 @@ class RoundKeeper:
 
     def want(self, why: str, awaited: Callable[[], set[str]] | None) -> None:
         """Ask for the next round for `why`; `awaited`: the round is broken, and the next
-        waits for the survivors it returns (asked only when no round is wanted yet)."""
+        waits for the survivors it returns (asked only when no round is wanted yet).
+
+        Those survivors are mostly blocked in a collective that only the driver's word ends,
+        so they are told the break at once and asked back (`EpochBroken.rejoin`): the round
+        forms as soon as they are back, not when the batcher's window ends. Above
+        `CALL_BACK_AT_MOST` of them, the extra event each would cost the driver more than the
+        window saves; they hear of the break with their slot."""
         first_broken = awaited is not None and not self.batcher.pending
-        self.batcher.want(why, awaited() if first_broken and awaited is not None else None)
+        survivors = awaited() if first_broken and awaited is not None else None
+        self.batcher.want(why, survivors)
+        held = self._held
+        if survivors and held is not None and len(survivors) <= CALL_BACK_AT_MOST:
+            self._channels.send(EpochBroken(held.epoch, held.reason, rejoin=True), survivors)
         self.batcher.arrived(self._is_alive)
 
     def arrived(self, worker_id: str) -> None:
