@@ -343,6 +343,46 @@ def test_sync_from_newest_commit_and_host_updates() -> None:
         assert o["merged"] == [0, 1, 2, 50, 51, 52]
 
 
+def _sync_only_where_needed() -> dict[str, Any]:
+    rank = context.current().rank
+    out: dict[str, Any] = {}
+    spare = ObjectState()  # commits on it keep the collectives in step with the other ranks
+    state = ObjectState(value=0)
+    state.sync()
+    # Equal counts mean equal states by contract; a per-rank value (against the contract)
+    # shows whether a sync ran.
+    state.value = 10 + rank
+    state.commit()
+    state.sync_if_needed(False)
+    out["equal_counts"] = (state.value, state.commit_count)
+    # Rank 1 committed once more before a peer died: after the restore, the newest wins.
+    state.value = 20 + rank
+    (state if rank == 1 else spare).commit()
+    state.restore()
+    state.sync_if_needed(False)
+    out["counts_differ"] = (state.value, state.commit_count)
+    # Indices that only rank 2 recorded are merged, although the counts agree.
+    torch_state = TorchState(sampler=ElasticSampler(range(N), seed=7))
+    torch_state.sync()
+    if rank == 2:
+        torch_state.sampler.record_indices([5, 6])
+    torch_state.commit()
+    torch_state.restore()
+    torch_state.sync_if_needed(False)
+    out["merged"] = (sorted(torch_state.sampler.processed_indices), torch_state.sampler.unshared)
+    return out
+
+
+def test_after_a_restore_state_is_synced_only_where_the_ranks_differ() -> None:
+    """The run loop's sync after a failure: skipped when every survivor holds the same commit
+    (a large model is not broadcast for nothing), done when the commits differ or a rank
+    recorded samples the others do not know."""
+    outs = run_group(_sync_only_where_needed, 3, timeout=30)
+    assert [o["equal_counts"] for o in outs] == [(10, 1), (11, 1), (12, 1)]  # not synced
+    assert [o["counts_differ"] for o in outs] == [(21, 2)] * 3
+    assert [o["merged"] for o in outs] == [([5, 6], False)] * 3
+
+
 # --- sampler accounting across a failure, a join and a leave --------------------------------
 
 

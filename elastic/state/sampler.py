@@ -52,6 +52,9 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
         self._processed = torch.zeros(self._length, dtype=torch.bool)
         self._remaining = torch.empty(0, dtype=torch.int64)
         self._shard: list[int] = []
+        # Indices recorded by `record_indices` since the last merge across ranks: only this
+        # rank knows them, so the next sync must merge (`TorchState` clears it when it does).
+        self.unshared = False
         self.reset()
 
     @property
@@ -106,6 +109,10 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
     def record_indices(self, indices: Iterable[int] | torch.Tensor) -> None:
         """Record that these dataset indices have been processed (known to other ranks after
         the next sync). Raises `IndexError` for an index outside the dataset."""
+        self._mark(indices)
+        self.unshared = True
+
+    def _mark(self, indices: Iterable[int] | torch.Tensor) -> None:
         values = _index_tensor(indices)
         if values.numel() and (int(values.min()) < 0 or int(values.max()) >= self._length):
             raise IndexError(f"record_indices: an index is outside [0, {self._length})")
@@ -120,7 +127,7 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
         indices = state_dict["processed_indices"]
         self.epoch = int(state_dict["epoch"])
         self._processed.zero_()
-        self.record_indices(indices)
+        self._mark(indices)
         self.reset()
 
     def __iter__(self) -> Iterator[int]:

@@ -37,7 +37,7 @@ class _Survey:
     root: int  # the lowest rank holding the newest commit
     newest: int  # that commit count
     job_commit: int  # the newest commit count the job had reached, as the driver knew it
-    needed: bool  # whether any rank asked for a sync
+    needed: bool  # a rank asked for a sync, the counts differ, or the job's newest is lost
 
 
 class State:
@@ -110,6 +110,11 @@ class State:
         """Hook run on every rank, while the old epoch's group still works, once all agreed to
         raise `HostsUpdatedInterrupt`; may use collectives (their `RuntimeError` propagates)."""
 
+    def _holds_unshared(self) -> bool:
+        """Whether this rank's state holds what the others do not know at the same commit
+        count (a sync must then merge it); subclasses with such state say so."""
+        return False
+
     def newest_commit_rank(self) -> tuple[int, int]:
         """Return `(rank, commit_count)`: the lowest rank among those whose snapshot has the
         highest commit counter. A collective (one allreduce); raises its `RuntimeError` if a
@@ -118,22 +123,23 @@ class State:
         return survey.root, survey.newest
 
     def _survey(self, needed: bool) -> _Survey:
-        """One allreduce: every rank's commit count, whether any rank `needed` a sync, and
-        the newest commit count the driver told any rank of."""
+        """One allreduce: every rank's commit count, whether any rank `needed` a sync (or
+        holds unshared state), and the newest commit count the driver told any rank of."""
         ctx = context.current("State.sync")
         size = ctx.size
         values = torch.zeros(2 * size + 1, dtype=torch.int64)
         values[ctx.rank] = self._commit_count
         values[size + ctx.rank] = ctx.job_commit
-        values[2 * size] = int(needed)
+        values[2 * size] = int(needed or self._holds_unshared())
         values = collectives.allreduce(values, op=collectives.Sum)
         counts = values[:size]
         newest = int(counts.max())
+        job_commit = int(values[size : 2 * size].max())
         return _Survey(
             root=int((counts == newest).nonzero()[0]),
             newest=newest,
-            job_commit=int(values[size : 2 * size].max()),
-            needed=bool(values[2 * size]),
+            job_commit=job_commit,
+            needed=bool(values[2 * size]) or int(counts.min()) != newest or newest < job_commit,
         )
 
     def sync(self) -> None:
@@ -154,9 +160,14 @@ class State:
         self.sync_if_needed(True)
 
     def sync_if_needed(self, needed: bool) -> None:
-        """`sync()` if any rank passes `needed=True`, else nothing beyond one small allreduce.
-        A collective: every rank of the epoch calls it, each with its own view (the run loop
-        passes False after a membership change that, as this rank saw it, added nobody)."""
+        """`sync()` if any rank passes `needed=True` or holds state the others do not know
+        (samples recorded with `record_indices`), or the ranks' commit counts differ, or none
+        holds the job's newest commit; else nothing beyond one small allreduce.
+
+        A collective: every rank of the epoch calls it, each with its own view. Ranks at the
+        same commit count hold the same state (every commit is taken at the same step on
+        every rank, and a sync makes the counts equal), so the run loop passes False after a
+        membership change that, as this rank saw it, added nobody, and after a restore."""
         survey = self._survey(needed)
         if not survey.needed:
             return

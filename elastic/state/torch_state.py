@@ -141,6 +141,7 @@ class _SamplerHandler(_Handler):
         """Take `root_rank`'s epoch and the union of every rank's processed indices in it."""
         states = collectives.allgather_object(self.value.state_dict())
         self.value.load_state_dict(merge_sampler_states(states, root_rank))
+        self.value.unshared = False
 
 
 def _handler_for(value: Any) -> _Handler | None:
@@ -239,6 +240,12 @@ class TorchState(ObjectState):
             if isinstance(handler, _SamplerHandler):
                 handler.value.reset()
         super().on_reset()
+
+    def _holds_unshared(self) -> bool:
+        return any(
+            isinstance(handler, _SamplerHandler) and handler.value.unshared
+            for handler in self._handlers.values()
+        )
 
     def _before_hosts_update(self) -> None:
         for handler in self._handlers.values():

@@ -23,7 +23,8 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
 
     The wrapper syncs `state` from the rank holding the newest commit, then calls `func`.
     When a peer dies (`WorkerLostError` from a collective), it restores the last commit,
-    re-joins the next epoch, calls the state's reset callbacks, syncs, and calls `func` again.
+    re-joins the next epoch, calls the state's reset callbacks, syncs (only where the
+    survivors' commits differ, or a new worker joins), and calls `func` again.
     When the membership changes (`HostsUpdatedInterrupt`, raised by `state.commit()` on every
     rank at the same step), it re-joins without restoring. A worker the driver excluded (it
     received SIGTERM, or its host left the discovery output) ends with `SystemExit(0)` at that
@@ -43,7 +44,7 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
             except WorkerLostError as err:
                 log.warning("rank %d: %s; restoring the last commit", runtime.rank(), err)
                 state.restore()
-                skip_sync = False
+                skip_sync = True  # synced only if the survivors' commits differ
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
             try:
