@@ -154,6 +154,13 @@ def probe_round(store: dist.Store, number: int, rank: int, size: int, report: Re
         log.debug("rank %d: could not probe the peers of round %d: %s", rank, number, err)
 
 
+def _publish(store: dist.Store, rank: int, address: str) -> None:
+    try:
+        store.set(key(rank), address)
+    except Exception as err:  # a daemon thread: nothing to raise to
+        log.debug("rank %d: its probe address was not published: %s", rank, err)
+
+
 class PeerWatch:
     """This worker's side of reachability: its `responder`, published in each round's store
     (`publish`), and probes of the round's peers while a collective stays blocked
@@ -168,8 +175,12 @@ class PeerWatch:
         self._last_probe = float("-inf")
 
     def publish(self, store: dist.Store, rank: int) -> None:
-        """Publish `rank`'s probe address in its round's `store` (the driver's KV)."""
-        store.set(key(rank), self.responder.address)
+        """Publish `rank`'s probe address in its round's `store` (the driver's KV), from a
+        daemon thread: the round's group forms meanwhile, a probe comes a second later at
+        the soonest. A failure (the round superseded, the driver gone) is logged, no more."""
+        threading.Thread(
+            target=_publish, args=(store, rank, self.responder.address), daemon=True
+        ).start()
 
     def close(self) -> None:
         self.responder.close()
