@@ -126,6 +126,9 @@ def test_a_restarted_driver_checks_the_settings_it_reads_back() -> None:
         (["-np", "1", "--tls-key", "k.pem", "x"], "--tls-cert and --tls-key go together"),
         (["-np", "1", "--job-id", "a b", "x"], "--job-id 'a b': use 1-64 letters"),
         (["-np", "1", "--driver-wait", "-1", "x"], "--driver-wait must be positive"),
+        (["-np", "1", "--checkpoint-every", "0", "x"], "--checkpoint-every (0) and"),
+        (["-np", "1", "--checkpoint-keep", "0", "x"], "--checkpoint-every (1) and"),
+        (["-np", "1", "--checkpoint-interval", "-1", "x"], "--checkpoint-interval must be 0"),
         (
             ["--backend", "etcd", "--etcd-endpoints", "h:1", "--etcd-prefix", "p", "-np", "1", "x"],
             "--etcd-prefix must start with '/', got 'p'",
@@ -144,3 +147,17 @@ def test_the_etcd_password_is_in_no_repr_of_the_settings() -> None:
 
     backend = BackendSettings(etcd=EtcdOptions(endpoints=(("127.0.0.1", 2379),), password="s3cret"))
     assert "s3cret" not in repr(backend)
+
+
+def test_a_checkpoint_directory_reaches_the_workers_absolute(tmp_path, monkeypatch) -> None:
+    """A relative --checkpoint-dir is the driver's: the workers (started elsewhere) get it
+    absolute; a URL goes as it is; without the flag no worker variable is set."""
+    monkeypatch.chdir(tmp_path)
+    settings = parse_settings(
+        ["-np", "1", "--checkpoint-dir", "ckpt", "--checkpoint-keep", "4", "x"]
+    )
+    assert settings.checkpoint.directory == str(tmp_path / "ckpt")
+    assert settings.checkpoint.keep == 4 and settings.checkpoint.every == 1
+    url = parse_settings(["-np", "1", "--checkpoint-dir", "s3://b/run", "x"]).checkpoint
+    assert url.directory == "s3://b/run"
+    assert parse_settings(["-np", "1", "x"]).checkpoint.to_env() == {}

@@ -8,7 +8,12 @@ import pytest
 
 from elastic.errors import ElasticError
 from elastic.protocol import env
-from elastic.protocol.env import NotLaunchedError, WorkerEnvironment, WorkerEnvironmentError
+from elastic.protocol.env import (
+    CheckpointSettings,
+    NotLaunchedError,
+    WorkerEnvironment,
+    WorkerEnvironmentError,
+)
 from elastic.protocol.etcd import EtcdOptions
 from elastic.protocol.http import SlotInfo
 from elastic.worker.config import WorkerConfig
@@ -49,6 +54,7 @@ def everything() -> WorkerEnvironment:
         slot=SlotInfo(
             hostname="h1", rank=3, local_rank=1, cross_rank=1, size=4, local_size=2, cross_size=2
         ),
+        checkpoint=CheckpointSettings("s3://bucket/run7", every=5, interval=30.0, keep=3),
     )
 
 
@@ -67,6 +73,8 @@ def test_the_variables_keep_their_documented_names_and_forms() -> None:
     assert variables[env.ETCD_ENDPOINTS] == "10.0.0.5:2379,::1:2380"
     assert variables[env.TLS_CERT].startswith("-----BEGIN CERTIFICATE-----")
     assert float(variables[env.START_TIMEOUT]) == 12.5
+    assert variables[env.CHECKPOINT_DIR] == "s3://bucket/run7"
+    assert variables[env.CHECKPOINT_EVERY] == "5" and variables[env.CHECKPOINT_KEEP] == "3"
     assert all(name.startswith("ELASTIC_") for name in variables)
 
 

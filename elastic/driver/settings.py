@@ -14,7 +14,7 @@ from elastic.driver.discovery.cooldown import validate_cooldown_range
 from elastic.driver.discovery.hosts import MAX_SLOTS_PER_HOST, HostSpec
 from elastic.driver.errors import SettingsError, seconds
 from elastic.driver.launch.ssh import SshOptions
-from elastic.protocol.env import ETCD_PASSWORD
+from elastic.protocol.env import ETCD_PASSWORD, CheckpointSettings
 from elastic.protocol.etcd import EtcdOptions
 
 MAX_NP = 65_536
@@ -112,6 +112,7 @@ class Settings:
     tls_key: str | None = None
     elastic: ElasticSettings | None = None
     backend: BackendSettings = field(default_factory=BackendSettings)
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
 
     def __post_init__(self) -> None:
         """Raise `SettingsError` for no command, no -np outside elastic mode, a count or

@@ -46,6 +46,11 @@ ETCD_USER = "ELASTIC_ETCD_USER"
 ETCD_PASSWORD = "ELASTIC_ETCD_PASSWORD"  # also how the user gives it to elasticrun
 DRIVER_WAIT = "ELASTIC_DRIVER_WAIT"
 TOKEN = "ELASTIC_TOKEN"  # the job's secret
+# Durable commits (--checkpoint-dir and its companions; see `CheckpointSettings`).
+CHECKPOINT_DIR = "ELASTIC_CHECKPOINT_DIR"
+CHECKPOINT_EVERY = "ELASTIC_CHECKPOINT_EVERY"
+CHECKPOINT_INTERVAL = "ELASTIC_CHECKPOINT_INTERVAL"
+CHECKPOINT_KEEP = "ELASTIC_CHECKPOINT_KEEP"
 
 AUTH_SCHEME = "Bearer"
 
@@ -57,6 +62,55 @@ class NotLaunchedError(ElasticError, RuntimeError):
 class WorkerEnvironmentError(ElasticError, ValueError):
     """A worker variable is set but unusable: a number that does not parse, an etcd endpoint
     that is not host:port, a slot given in part. The message names the variable."""
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """Where and how often durable commits are written: every `every`-th commit, or the first
+    commit `interval` seconds (0: no such bound) after the last write, whichever comes
+    first, while no write is in flight; the newest `keep` are kept. `directory` is a path
+    or an fsspec URL; empty: no durable commits. Each `State` reads these itself, so a state
+    made in a process that `elasticrun` did not start takes them from its environment too.
+    """
+
+    directory: str = ""
+    every: int = 1
+    interval: float = 0.0
+    keep: int = 2
+
+    def __post_init__(self) -> None:
+        if self.every < 1 or self.keep < 1 or not 0 <= self.interval < float("inf"):
+            raise ValueError(
+                f"durable commits: every ({self.every}) and keep ({self.keep}) must be at "
+                f"least 1, interval ({self.interval}) a number of seconds, 0 for none"
+            )
+
+    def to_env(self) -> dict[str, str]:
+        """The variables that describe these settings (none without a directory)."""
+        if not self.directory:
+            return {}
+        return {
+            CHECKPOINT_DIR: self.directory,
+            CHECKPOINT_EVERY: str(self.every),
+            CHECKPOINT_INTERVAL: str(self.interval),
+            CHECKPOINT_KEEP: str(self.keep),
+        }
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Self:
+        """Read `to_env`'s variables; `WorkerEnvironmentError` names one that is unusable."""
+        given: dict[str, Any] = {"directory": environ.get(CHECKPOINT_DIR, "")}
+        for attribute, name, read in (
+            ("every", CHECKPOINT_EVERY, int),
+            ("interval", CHECKPOINT_INTERVAL, float),
+            ("keep", CHECKPOINT_KEEP, int),
+        ):
+            if environ.get(name):
+                given[attribute] = _parsed(environ, name, read)
+        try:
+            return cls(**given)
+        except ValueError as err:
+            raise WorkerEnvironmentError(f"{CHECKPOINT_DIR} and companions: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -83,6 +137,7 @@ class WorkerEnvironment:
     etcd: EtcdOptions | None = None  # where a restarted driver publishes its address
     driver_wait: float = 300.0  # seconds to keep trying to reach a restarted driver (etcd)
     slot: SlotInfo | None = None  # its slot in epoch 1, when that formed before its launch
+    checkpoint: CheckpointSettings = CheckpointSettings()  # durable commits (none by default)
 
     def to_env(self) -> dict[str, str]:
         """The variables that describe this environment; a None or empty option sets none."""
@@ -92,6 +147,7 @@ class WorkerEnvironment:
             values.update({name: getattr(self.etcd, key) or None for key, name in _ETCD})
         if self.slot is not None:
             values.update({name: str(getattr(self.slot, key)) for key, name in _SLOT})
+        values.update(self.checkpoint.to_env())
         return {name: value for name, value in values.items() if value is not None}
 
     @classmethod
@@ -113,7 +169,12 @@ class WorkerEnvironment:
             for attribute, name, _, read in _SCALARS
             if environ.get(name)
         }
-        return cls(**given, etcd=_etcd_from(environ), slot=_slot_from(environ, given["hostname"]))
+        return cls(
+            **given,
+            etcd=_etcd_from(environ),
+            slot=_slot_from(environ, given["hostname"]),
+            checkpoint=CheckpointSettings.from_env(environ),
+        )
 
 
 _REQUIRED = (DRIVER_URL, CONTROL_ADDRESS, TOKEN, WORKER_ID, HOSTNAME)

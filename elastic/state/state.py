@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from elastic.state.durable import DurableWriter, durable_writer
 from elastic.worker import collectives, context
 from elastic.worker.errors import HostsUpdatedInterrupt
 
@@ -38,6 +39,8 @@ class _Survey:
     newest: int  # that commit count
     job_commit: int  # the newest commit count the job had reached, as the driver knew it
     needed: bool  # a rank asked for a sync, the counts differ, or the job's newest is lost
+    durable: int  # the newest durable commit a fresh rank found (0: none looked, none found)
+    durable_rank: int  # the lowest rank that found it
 
 
 class State:
@@ -48,9 +51,10 @@ class State:
     they raise `NotInitializedError` without an active worker context.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, checkpoint_dir: str | None = None) -> None:
         self._commit_count = 0
         self._reset_callbacks: list[Callable[[], None]] = []
+        self._durable = durable_writer(checkpoint_dir)
 
     @property
     def commit_count(self) -> int:
@@ -82,6 +86,11 @@ class State:
         ctx = context.current("State.commit")
         if ctx.on_commit is not None:  # the driver saves it (with --backend etcd)
             ctx.on_commit(self._commit_count)
+        durable = self._durable
+        if durable is not None and ctx.rank == 0 and durable.due(self._commit_count):
+            payload = self._durable_payload()
+            if not durable.offer(self._commit_count, payload, self._durable_written):
+                self._durable_written()  # not taken after all: the snapshot is free again
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -110,6 +119,24 @@ class State:
         """Hook run on every rank, while the old epoch's group still works, once all agreed to
         raise `HostsUpdatedInterrupt`; may use collectives (their `RuntimeError` propagates)."""
 
+    @property
+    def durable(self) -> DurableWriter | None:
+        """The writer of durable commits (None without a checkpoint directory): `written`,
+        the newest commit on disk; `stale`, whether the last write failed."""
+        return self._durable
+
+    def _durable_payload(self) -> Any:
+        """What a durable commit writes: the current snapshot, which the subclass must not
+        overwrite until `_durable_written` is called (from the writer's thread)."""
+        raise NotImplementedError
+
+    def _durable_written(self) -> None:
+        """The durable write of the payload last given is over: its snapshot is free."""
+
+    def _load_durable(self, payload: Any) -> None:
+        """Make a durable commit's payload the snapshot and the live state (local)."""
+        raise NotImplementedError
+
     def _holds_unshared(self) -> bool:
         """Whether this rank's state holds what the others do not know at the same commit
         count (a sync must then merge it); subclasses with such state say so."""
@@ -122,25 +149,56 @@ class State:
         survey = self._survey(needed=True)
         return survey.root, survey.newest
 
-    def _survey(self, needed: bool) -> _Survey:
+    def _survey(self, needed: bool, durable: int = 0) -> _Survey:
         """One allreduce: every rank's commit count, whether any rank `needed` a sync (or
-        holds unshared state), and the newest commit count the driver told any rank of."""
+        holds unshared state), the newest commit count the driver told any rank of, and the
+        newest durable commit each rank found (`durable`)."""
         ctx = context.current("State.sync")
         size = ctx.size
-        values = torch.zeros(2 * size + 1, dtype=torch.int64)
+        values = torch.zeros(3 * size + 1, dtype=torch.int64)
         values[ctx.rank] = self._commit_count
         values[size + ctx.rank] = ctx.job_commit
-        values[2 * size] = int(needed or self._holds_unshared())
+        values[2 * size + ctx.rank] = durable
+        values[3 * size] = int(needed or self._holds_unshared())
         values = collectives.allreduce(values, op=collectives.Sum)
-        counts = values[:size]
-        newest = int(counts.max())
-        job_commit = int(values[size : 2 * size].max())
+        counts, found = values[:size], values[2 * size : 3 * size]
+        newest, job_commit = int(counts.max()), int(values[size : 2 * size].max())
         return _Survey(
             root=int((counts == newest).nonzero()[0]),
             newest=newest,
             job_commit=job_commit,
-            needed=bool(values[2 * size]) or int(counts.min()) != newest or newest < job_commit,
+            needed=bool(values[3 * size]) or int(counts.min()) != newest or newest < job_commit,
+            durable=int(found.max()),
+            durable_rank=int((found == found.max()).nonzero()[0]),
         )
+
+    def _newest_durable(self) -> int:
+        """The newest durable commit's count where this rank's state is fresh (it never
+        committed nor synced) and has a checkpoint directory; else 0 (nothing looked up)."""
+        if self._durable is None or self._commit_count > 0:
+            return 0
+        try:
+            commits = self._durable.directory.commits()
+        except Exception as err:  # an unreachable store: train on without it, say so
+            log.error("checkpoints in %s cannot be listed: %s", self._durable.directory.url, err)
+            return 0
+        return commits[0] if commits else 0
+
+    def _resume_durable(self, survey: _Survey) -> _Survey:
+        """No live rank holds a commit as new as the newest durable one: the rank that found
+        it loads the newest one that verifies, and the ranks survey again."""
+        ctx = context.current("State.sync")
+        if ctx.rank == survey.durable_rank and self._durable is not None:
+            checkpoint = self._durable.directory.newest()
+            if checkpoint is not None and checkpoint.commit > self._commit_count:
+                self._load_durable(checkpoint.payload)
+                self._commit_count = checkpoint.commit
+                log.warning(
+                    "resuming from durable commit %d in %s: no live worker holds a newer one",
+                    checkpoint.commit,
+                    self._durable.directory.url,
+                )
+        return self._survey(True)
 
     def sync(self) -> None:
         """Make every rank's state equal to that of the rank holding the newest commit, and
@@ -168,7 +226,9 @@ class State:
         same commit count hold the same state (every commit is taken at the same step on
         every rank, and a sync makes the counts equal), so the run loop passes False after a
         membership change that, as this rank saw it, added nobody, and after a restore."""
-        survey = self._survey(needed)
+        survey = self._survey(needed, self._newest_durable())
+        if survey.durable > survey.newest:
+            survey = self._resume_durable(survey)
         if not survey.needed:
             return
         ctx = context.current("State.sync")
@@ -208,8 +268,8 @@ class ObjectState(State):
     Only the names given here are tracked; each must be picklable and deep-copyable.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__()
+    def __init__(self, checkpoint_dir: str | None = None, **kwargs: Any) -> None:
+        super().__init__(checkpoint_dir)
         self._check_names(kwargs)
         self._names = list(kwargs)
         self._saved: dict[str, Any] = {}
@@ -232,6 +292,16 @@ class ObjectState(State):
     def restore(self) -> None:
         for name, value in copy.deepcopy(self._saved).items():
             setattr(self, name, value)
+
+    def _durable_payload(self) -> Any:
+        return {"objects": self._saved}  # a new copy at every save: never overwritten
+
+    def _load_durable(self, payload: Any) -> None:
+        saved = payload.get("objects", {})
+        if missing := [name for name in self._names if name not in saved]:
+            log.warning("the durable commit holds no %s: kept as they are", ", ".join(missing))
+        self._saved = {name: saved.get(name, getattr(self, name)) for name in self._names}
+        ObjectState.restore(self)
 
     def sync_from(self, root_rank: int) -> None:
         if not self._names:

@@ -9,6 +9,7 @@ snapshot back onto the devices the live tensors are on.
 from __future__ import annotations
 
 import copy
+import logging
 from collections import OrderedDict
 from typing import Any
 
@@ -20,6 +21,8 @@ from elastic.worker import collectives
 from elastic.worker.optimizer import broadcast_optimizer_state, broadcast_parameters
 
 __all__ = ["TorchState"]
+
+log = logging.getLogger("elastic")
 
 
 def _tensor_to_host(tensor: torch.Tensor, previous: Any, devices: set[torch.device]) -> Any:
@@ -75,11 +78,34 @@ def _snapshot(state_dict: dict[str, Any], previous: Any) -> Any:
 
 
 class _Handler:
-    """How one tracked object is saved, restored and synced."""
+    """How one tracked object is saved, restored and synced.
+
+    A durable write may hold the current snapshot (`lend`) while training goes on: the next
+    save then fills the snapshot the last finished write gave back (`release`), or new
+    buffers, never the one being written (`_reusable`)."""
 
     def __init__(self, value: Any) -> None:
         self.value = value
         self.saved: Any = None
+        self.lent: Any = None  # the snapshot a durable write holds
+        self.spare: Any = None  # a snapshot a finished write gave back, to be filled next
+
+    def lend(self) -> Any:
+        self.lent = self.saved
+        return self.saved
+
+    def release(self) -> None:
+        """The durable write is over (called from the writer's thread)."""
+        if self.lent is not None and self.lent is not self.saved:
+            self.spare = self.lent
+        self.lent = None
+
+    def _reusable(self) -> Any:
+        """The snapshot whose buffers the next save may overwrite."""
+        if self.lent is None or self.lent is not self.saved:
+            return self.saved
+        spare, self.spare = self.spare, None
+        return spare
 
     def save(self) -> None:
         raise NotImplementedError
@@ -93,7 +119,7 @@ class _Handler:
 
 class _ModelHandler(_Handler):
     def save(self) -> None:
-        self.saved = _snapshot(self.value.state_dict(), self.saved)
+        self.saved = _snapshot(self.value.state_dict(), self._reusable())
 
     def restore(self) -> None:
         self.value.load_state_dict(self.saved)  # copies into the live tensors, on their device
@@ -104,7 +130,7 @@ class _ModelHandler(_Handler):
 
 class _OptimizerHandler(_Handler):
     def save(self) -> None:
-        self.saved = _snapshot(self.value.state_dict(), self.saved)
+        self.saved = _snapshot(self.value.state_dict(), self._reusable())
 
     def restore(self) -> None:
         # load_state_dict keeps the tensors it is given when they are already on the right
@@ -184,6 +210,7 @@ class TorchState(ObjectState):
         self,
         model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        checkpoint_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         handlers: dict[str, _Handler] = {}
@@ -201,7 +228,7 @@ class TorchState(ObjectState):
         for name in ("model", "optimizer"):
             if name not in handlers and name not in plain:
                 object.__setattr__(self, name, None)
-        super().__init__(**plain)
+        super().__init__(checkpoint_dir, **plain)
         for handler in handlers.values():
             handler.save()
 
@@ -240,6 +267,29 @@ class TorchState(ObjectState):
             if isinstance(handler, _SamplerHandler):
                 handler.value.reset()
         super().on_reset()
+
+    def _durable_payload(self) -> Any:
+        handlers = {name: handler.lend() for name, handler in self._handlers.items()}
+        return {**super()._durable_payload(), "handlers": handlers}
+
+    def _durable_written(self) -> None:
+        for handler in self._handlers.values():
+            handler.release()
+
+    def _load_durable(self, payload: Any) -> None:
+        saved = payload.get("handlers", {})
+        if missing := [name for name in self._handlers if name not in saved]:
+            log.warning("the durable commit holds no %s: kept as they are", ", ".join(missing))
+        for name, handler in self._handlers.items():
+            if name in saved:
+                handler.saved = saved[name]
+                try:
+                    handler.restore()
+                except (RuntimeError, KeyError, ValueError) as err:
+                    raise ValueError(
+                        f"the durable commit's {name!r} does not fit this state: {err}"
+                    ) from err
+        super()._load_durable(payload)
 
     def _holds_unshared(self) -> bool:
         return any(

@@ -19,6 +19,7 @@ from elastic.driver.job import Job
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.server.tls import TlsIdentity
 from elastic.driver.settings import MAX_NP, ElasticSettings, Settings
+from elastic.protocol.env import CheckpointSettings
 
 log = logging.getLogger("elasticrun")
 
@@ -177,10 +178,55 @@ def build_parser() -> argparse.ArgumentParser:
         "--tls-cert", metavar="FILE", help="TLS certificate (PEM) to serve with (implies --tls)"
     )
     security.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
+    durable = parser.add_argument_group(
+        "durable commits",
+        "commits written to a directory in the background by one worker, so that a job that "
+        "lost every worker resumes from the newest one",
+    )
+    durable.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="directory or fsspec URL (s3://..., gs://...) the workers write to; every host "
+        "must reach the same one (default: none, commits stay in memory)",
+    )
+    durable.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="write every N-th commit, while no write is in flight (default 1)",
+    )
+    durable.add_argument(
+        "--checkpoint-interval",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="also write the first commit this long after the last write (default 0: never)",
+    )
+    durable.add_argument(
+        "--checkpoint-keep",
+        type=int,
+        default=2,
+        metavar="K",
+        help="keep the newest K written commits (default 2)",
+    )
     add_backend_flags(parser)
     parser.add_argument("--verbose", action="store_true", help="log the driver's decisions")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return parser  # fmt: skip
+
+
+def _checkpoint_settings(args: argparse.Namespace) -> CheckpointSettings:
+    """The durable-commit flags; a local directory is made absolute (workers start elsewhere)."""
+    directory = args.checkpoint_dir or ""
+    if directory and "://" not in directory:
+        directory = os.path.abspath(directory)
+    every, keep, interval = args.checkpoint_every, args.checkpoint_keep, args.checkpoint_interval
+    if every < 1 or keep < 1:
+        raise UsageError(f"--checkpoint-every ({every}) and --checkpoint-keep ({keep}) must be 1+")
+    if not 0 <= interval < float("inf"):
+        raise UsageError(f"--checkpoint-interval must be 0 or more seconds, got {interval}")
+    return CheckpointSettings(directory, every, interval, keep)
 
 
 def parse_settings(argv: list[str]) -> Settings:
@@ -223,6 +269,7 @@ def parse_settings(argv: list[str]) -> Settings:
         tls=args.tls or args.tls_cert is not None,
         tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else None,
         tls_key=os.path.abspath(args.tls_key) if args.tls_key else None,
+        checkpoint=_checkpoint_settings(args),
     )
     if elastic is not None and elastic.discovery_script is not None:
         try:

@@ -51,5 +51,6 @@ class WorkerEnvironments:
             etcd=settings.backend.etcd,  # workers find a restarted driver through etcd
             driver_wait=settings.backend.driver_wait,
             slot=slot,
+            checkpoint=settings.checkpoint,
         )
         return {**self._inherited, **environment.to_env(), **self._last}

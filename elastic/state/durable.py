@@ -1,0 +1,309 @@
+"""Durable commits: committed state written to a directory, so that a job that lost every
+worker (a whole fleet reclaimed, a requeue) resumes from it instead of starting over.
+
+The directory is a local path or an fsspec URL (`s3://`, `gs://`, `memory://`). Commit n is
+two files: `commit-<n, 12 digits>.pt`, the payload (`torch.save`, written under a temporary
+name and then renamed), and `commit-<n>.json`, its manifest (the commit, the payload's size
+and SHA-256), written the same way once the payload is complete. A commit without a
+manifest, or whose payload does not match it, was never finished: it is never loaded, the
+one before it is. The payload is a pickle: load only checkpoints this job wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import torch
+from fsspec.implementations.local import LocalFileSystem
+
+from elastic.errors import ElasticError
+from elastic.protocol.env import CheckpointSettings
+
+log = logging.getLogger("elastic")
+
+FORMAT = 1  # the manifest's "format": what this module writes and reads
+_NAME = re.compile(r"^commit-(\d{12})\.json$")
+_CHUNK = 8 * 1024 * 1024  # bytes hashed at a time when a payload is verified
+
+
+class CheckpointCorrupt(ElasticError, ValueError):
+    """A checkpoint that cannot be used: no manifest, a payload that does not match it."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A verified checkpoint: its commit count and the payload it holds."""
+
+    commit: int
+    payload: Any
+
+
+class _Hashing:
+    """A write-only file that hashes and counts what goes through it."""
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        self._file.write(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+
+class CheckpointDir:
+    """The checkpoints of one job in one directory (see the module's docstring)."""
+
+    def __init__(self, url: str) -> None:
+        if not url:
+            raise ValueError("a checkpoint directory must be named")
+        self.url = url
+        self._fs, self._root = fsspec.core.url_to_fs(url)
+        self._local = isinstance(self._fs, LocalFileSystem)
+
+    def _path(self, name: str) -> str:
+        return f"{self._root.rstrip('/')}/{name}"
+
+    def write(self, commit: int, payload: Any) -> int:
+        """Write `payload` as commit `commit`; return its size in bytes. Raises `OSError` (or
+        the filesystem's own error) when it cannot; a failed write leaves no manifest."""
+        self._fs.makedirs(self._root, exist_ok=True)
+        name = f"commit-{commit:012d}"
+        token = uuid.uuid4().hex[:8]
+        payload_tmp = self._path(f".{name}.pt.{token}.tmp")
+        with self._fs.open(payload_tmp, "wb") as file:
+            hashing = _Hashing(file)
+            torch.save(payload, hashing)
+            self._sync(file)
+        self._fs.mv(payload_tmp, self._path(f"{name}.pt"))
+        manifest = {
+            "format": FORMAT,
+            "commit": commit,
+            "payload": f"{name}.pt",
+            "bytes": hashing.size,
+            "sha256": hashing.sha256.hexdigest(),
+            "written_at": time.time(),
+        }
+        manifest_tmp = self._path(f".{name}.json.{token}.tmp")
+        with self._fs.open(manifest_tmp, "wb") as file:
+            file.write(json.dumps(manifest).encode())
+            self._sync(file)
+        self._fs.mv(manifest_tmp, self._path(f"{name}.json"))
+        if self._local:  # the renames themselves survive a power loss
+            fd = os.open(self._root, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return hashing.size
+
+    def _sync(self, file: Any) -> None:
+        file.flush()
+        if self._local:
+            os.fsync(file.fileno())
+
+    def commits(self) -> list[int]:
+        """The commits that have a manifest, newest first (none when the directory is
+        missing)."""
+        try:
+            names = self._fs.ls(self._root, detail=False)
+        except FileNotFoundError:
+            return []
+        found = [_NAME.match(str(name).rsplit("/", 1)[-1]) for name in names]
+        return sorted((int(m[1]) for m in found if m), reverse=True)
+
+    def load(self, commit: int) -> Checkpoint:
+        """Verify commit `commit` against its manifest and load it; `CheckpointCorrupt` when
+        it cannot be used."""
+        name = f"commit-{commit:012d}"
+        try:
+            with self._fs.open(self._path(f"{name}.json"), "rb") as file:
+                manifest = json.loads(file.read())
+            if manifest.get("format") != FORMAT or manifest.get("commit") != commit:
+                raise CheckpointCorrupt(f"{name}.json is no manifest of commit {commit}")
+            with self._fs.open(self._path(str(manifest["payload"])), "rb") as file:
+                data = file.read()
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            if isinstance(err, CheckpointCorrupt):
+                raise
+            raise CheckpointCorrupt(f"{name}: {type(err).__name__}: {err}") from err
+        if len(data) != manifest["bytes"]:
+            raise CheckpointCorrupt(
+                f"{name}.pt holds {len(data)} bytes, its manifest says {manifest['bytes']}"
+            )
+        if hashlib.sha256(data).hexdigest() != manifest["sha256"]:
+            raise CheckpointCorrupt(f"{name}.pt does not match its manifest's SHA-256")
+        payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        return Checkpoint(commit, payload)
+
+    def newest(self) -> Checkpoint | None:
+        """The newest checkpoint that verifies; each one passed over is logged."""
+        for commit in self.commits():
+            try:
+                return self.load(commit)
+            except CheckpointCorrupt as err:
+                log.warning("checkpoint %s: not used, %s", self.url, err)
+        return None
+
+    def prune(self, keep: int) -> None:
+        """Delete all but the newest `keep` commits, and the temporary files of commits older
+        than those (a writer that died midway)."""
+        commits = self.commits()
+        if len(commits) <= keep:
+            return
+        oldest_kept = commits[keep - 1]
+        for name in self._fs.ls(self._root, detail=False):
+            base = str(name).rsplit("/", 1)[-1]
+            match = re.match(r"^\.?commit-(\d{12})\.", base)
+            if match and int(match[1]) < oldest_kept:
+                # A writer of an earlier round may have pruned it first.
+                with contextlib.suppress(FileNotFoundError):
+                    self._fs.rm(self._path(base))
+
+
+class DurableWriter:
+    """Writes commits to a `CheckpointDir` from one daemon thread, one write at a time.
+
+    `offer(commit, payload, done)` starts a write when one is due (every `every_commits`
+    commits, or `every_seconds` after the last one, whichever comes first) and none is in
+    flight, and returns at once; `done()` is called on the writer's thread when the payload
+    is no longer needed. A failed write is logged (once per distinct error), training goes
+    on, and `stale` says the durable copy lags; the next due commit tries again. The newest
+    `keep` commits are kept.
+    """
+
+    def __init__(
+        self,
+        directory: CheckpointDir,
+        every_commits: int = 1,
+        every_seconds: float | None = None,
+        keep: int = 2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if every_commits < 1 or keep < 1 or (every_seconds is not None and every_seconds <= 0):
+            raise ValueError(
+                f"durable commits: every_commits ({every_commits}) and keep ({keep}) must be at "
+                f"least 1, every_seconds ({every_seconds}) positive"
+            )
+        self.directory = directory
+        self._every_commits = every_commits
+        self._every_seconds = every_seconds
+        self._keep = keep
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._last_offered: tuple[int, float] | None = None  # (commit, when)
+        self.written = 0  # the newest commit written
+        self.error: str | None = None  # the last write's failure, until one succeeds
+
+    @property
+    def busy(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    @property
+    def stale(self) -> bool:
+        """Whether the last write failed: the durable copy is older than it should be."""
+        return self.error is not None
+
+    def due(self, commit: int) -> bool:
+        """Whether `offer(commit, ...)` would start a write: none in flight, `commit` newer
+        than the last written, and enough commits or seconds since the last offered."""
+        if self.busy or commit <= self.written:
+            return False
+        if self._last_offered is None:
+            return True
+        last_commit, when = self._last_offered
+        if commit - last_commit >= self._every_commits:
+            return True
+        seconds = self._every_seconds
+        return seconds is not None and self._clock() - when >= seconds
+
+    def offer(self, commit: int, payload: Any, done: Callable[[], None] | None = None) -> bool:
+        """Write `payload` as commit `commit` in the background if a write is due and none is
+        in flight; True if it started one."""
+        with self._lock:
+            if not self.due(commit):
+                return False
+            self._last_offered = (commit, self._clock())
+            self._thread = threading.Thread(
+                target=self._write,
+                args=(commit, payload, done),
+                name="elastic-durable-commit",
+                daemon=True,
+            )
+            self._thread.start()
+            return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the write in flight, if any; True if none is left."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return not self.busy
+
+    def _write(self, commit: int, payload: Any, done: Callable[[], None] | None) -> None:
+        started = time.monotonic()
+        try:
+            size = self.directory.write(commit, payload)
+        except Exception as err:  # a full disk, a permission, a network store's error
+            message = f"{type(err).__name__}: {err}"
+            if message != self.error:
+                log.error(
+                    "durable commit %d to %s failed (%s); training goes on, the durable copy "
+                    "is stale (newest written: %s)",
+                    commit,
+                    self.directory.url,
+                    message,
+                    self.written or "none",
+                )
+            self.error = message
+        else:
+            self.written, self.error = commit, None
+            self._prune()
+            log.debug(
+                "durable commit %d: %d bytes in %.2f s", commit, size, time.monotonic() - started
+            )
+        finally:
+            if done is not None:
+                done()
+
+    def _prune(self) -> None:
+        try:
+            self.directory.prune(self._keep)
+        except Exception as err:  # old commits stay: more disk used, nothing lost
+            log.warning("old durable commits in %s not deleted: %s", self.directory.url, err)
+
+
+def durable_writer(checkpoint_dir: str | None = None) -> DurableWriter | None:
+    """The writer of a state's durable commits: to `checkpoint_dir` when given, else to the
+    launcher's `--checkpoint-dir` (`ELASTIC_CHECKPOINT_DIR`); the cadence and the number
+    kept come from the environment either way. None when no directory is named."""
+    settings = CheckpointSettings.from_env()
+    directory = checkpoint_dir or settings.directory
+    if not directory:
+        return None
+    return DurableWriter(
+        CheckpointDir(directory),
+        every_commits=settings.every,
+        every_seconds=settings.interval or None,
+        keep=settings.keep,
+    )
