@@ -205,6 +205,15 @@ def test_losing_every_worker_after_a_commit_starts_again_and_says_the_state_is_l
     assert "its training state (commit 7) is lost" in decision.reason
 
 
+def test_losing_every_worker_with_durable_commits_says_the_new_ones_resume_from_them() -> None:
+    dead = (worker("r0", F, exit_code=-9), worker("r1", F, slot=1, exit_code=-9))
+    job = view(*dead, members=("r0", "r1"), newest_commit=7, checkpoint_dir="s3://b/run")
+    decision = fleet_lost(job, -9, NOW)
+    assert kinds(decision) == [Log, RecordFleetLoss, WaitForWorkers, FillSlots]
+    assert "resume from the newest durable commit in s3://b/run" in decision.reason
+    assert "is lost" not in decision.reason
+
+
 @pytest.mark.parametrize(
     ("commit", "lost_at", "since"),
     [(0, None, "since the job started"), (7, 7, "since the last such loss")],

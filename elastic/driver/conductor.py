@@ -181,6 +181,7 @@ class Conductor:
             command=self._settings.command,
             round_wanted=self.rounds.batcher.pending,
             failures_reported=self._failure_reported,
+            checkpoint_dir=self._settings.checkpoint.directory,
         )
 
     def apply(self, decision: Decision) -> None:

@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -277,6 +278,13 @@ class Bed:
         if machine.cut:
             wire.mend(self._table, machine.host.name)
             machine.cut = False
+
+    def vanish_together(self, hosts: Sequence[str]) -> None:
+        """`hosts` lose power at the same moment (one zone's outage, a fleet reclaimed at
+        once): each `vanish`es on a thread of its own, so every wire goes down within a few
+        milliseconds of the others."""
+        with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+            list(pool.map(self.vanish, hosts))
 
     def back(self, host: str) -> None:
         """`host` returns like a rebooted machine: a fresh namespace with the same address

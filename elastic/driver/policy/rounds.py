@@ -272,6 +272,7 @@ class JobView:
     command: Sequence[str] = ()  # what each worker runs
     round_wanted: bool = False  # a next round is asked for and not formed yet
     failures_reported: Set[int] = frozenset()  # rounds a member said failed, unseen here
+    checkpoint_dir: str = ""  # where workers write durable commits (--checkpoint-dir)
 
     def where(self, worker: Worker) -> str:
         """ "rank R on host H" for a member of the newest round, else "worker ID on host H"."""
@@ -412,7 +413,8 @@ def job_end(view: JobView) -> Decision:
 def fleet_lost(view: JobView, exit_code: int | None, now: float) -> Decision:
     """Every worker died. If they committed since the job started (or since the fleet was
     last lost), start again on the offered hosts within --elastic-timeout, saying that the
-    state is lost; otherwise (a script that fails before its first commit) end the job."""
+    state is lost, or, with --checkpoint-dir, that the new workers resume from the newest
+    durable commit; otherwise (a script that fails before its first commit) end the job."""
     elastic = view.elastic
     assert elastic is not None
     commit = view.newest_commit
@@ -420,10 +422,13 @@ def fleet_lost(view: JobView, exit_code: int | None, now: float) -> Decision:
         since = "since the last such loss" if commit else "since the job started"
         message = f"every worker of the job failed, with no commit {since}"
         return Decision((Finish(exit_code or 1, message),), message)
+    if view.checkpoint_dir:
+        state = f"new workers resume from the newest durable commit in {view.checkpoint_dir}"
+    else:
+        state = f"its training state (commit {commit}) is lost with them"
     reason = (
-        f"every worker of the job failed: its training state (commit {commit}) is lost with "
-        f"them; starting new workers on the offered hosts (up to {elastic.elastic_timeout:g} "
-        "s, --elastic-timeout)"
+        f"every worker of the job failed: {state}; starting new workers on the offered hosts "
+        f"(up to {elastic.elastic_timeout:g} s, --elastic-timeout)"
     )
     waiting = () if view.short_since is not None else (WaitForWorkers(now),)
     return Decision(
