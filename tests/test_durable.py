@@ -127,6 +127,7 @@ def test_the_writer_writes_when_due_and_never_two_at_once(tmp_path: Path) -> Non
     now[0] = 11.0
     assert writer.offer(5, _payload(5)) and writer.wait(10)  # 10 s since the last
     assert gate.written == [1, 4, 5] and CheckpointDir(str(tmp_path)).commits() == [5, 4]
+    assert writer.started == 3
 
 
 def test_a_failing_write_is_said_once_and_training_goes_on(

@@ -212,6 +212,7 @@ class DurableWriter:
         self._thread: threading.Thread | None = None
         self._last_offered: tuple[int, float] | None = None  # (commit, when)
         self.written = 0  # the newest commit written
+        self.started = 0  # writes started
         self.error: str | None = None  # the last write's failure, until one succeeds
 
     @property
@@ -244,6 +245,7 @@ class DurableWriter:
             if not self.due(commit):
                 return False
             self._last_offered = (commit, self._clock())
+            self.started += 1
             self._thread = threading.Thread(
                 target=self._write,
                 args=(commit, payload, done),
