@@ -129,6 +129,26 @@ def test_sigterm_makes_a_worker_leave_without_rollback_or_cooldown(
     assert_exactly_once(tmp_path)
 
 
+def test_sigterm_leaves_at_a_step_boundary_not_at_the_next_commit(
+    elasticrun, tmp_path: Path
+) -> None:
+    """Commits only at the end of each epoch: the leaver still goes within two steps of its
+    SIGTERM, and the others go on from the step after the last one at size 3 (nothing rolled
+    back, nothing skipped)."""
+    args = job_args(tmp_path, "--commit-every", "1000", "--step-delay", "0.1")
+    job = elasticrun(["-np", "3", "--min-np", "1", "-H", "localhost:3", *args])
+    pids = ranks_to_pids(job, 3)
+    job.wait_for(r"step 4 ")
+    os.kill(pids[2], signal.SIGTERM)  # the newest step read: 4 (at most one behind)
+    first_small = int(job.wait_for(r"step (\d+) epoch \d+ size 2", timeout=30).group(1))
+    steps_at_3 = [int(n) for n in re.findall(r"step (\d+) epoch \d+ size 3", job.output)]
+    assert max(steps_at_3) <= 4 + 3, "left within two steps of SIGTERM (one more: read lag)"
+    assert first_small == max(steps_at_3) + 1, "nothing rolled back, nothing skipped"
+    assert job.finish(90) == 0, job.output
+    assert "restoring the last commit" not in job.output
+    assert_exactly_once(tmp_path)
+
+
 def write_hosts(path: Path, text: str) -> None:
     staged = path.with_suffix(".new")
     staged.write_text(text)

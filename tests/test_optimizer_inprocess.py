@@ -11,6 +11,7 @@ from torch import nn
 
 from elastic.worker.compression import Compression
 from elastic.worker.context import NotInitializedError, current
+from elastic.worker.errors import HostsUpdatedInterrupt
 from elastic.worker.optimizer import (
     DistributedOptimizer,
     broadcast_optimizer_state,
@@ -243,3 +244,40 @@ def test_broadcasts_make_ranks_equal(size: int) -> None:
 def test_optimizer_calls_before_init_raise_not_initialized(call: Any) -> None:
     with pytest.raises(NotInitializedError):
         call()
+
+
+def _leave_at_a_step(config: str) -> dict[str, Any]:
+    kind, _, threshold, fp16, _ = CONFIGS[config]
+    ctx = current("test")
+    model = _model()
+    opt = DistributedOptimizer(
+        _optimizer(kind, model),
+        named_parameters=model.named_parameters(),
+        compression=Compression.fp16 if fp16 else Compression.none,
+        fusion_threshold_bytes=threshold,
+    )
+    after: list[list[list[float]]] = []
+    for step in range(8):
+        if ctx.rank == 2 and step == 3:
+            ctx.events.request_leave()  # SIGTERM, a preemption notice: during step 3
+        opt.zero_grad()
+        _loss(model, step, 0, ctx.rank).backward()
+        try:
+            opt.step()
+        except HostsUpdatedInterrupt as interrupt:
+            unchanged = [p.tolist() for p in model.parameters()] == after[-1]
+            return {"at": step, "interrupt": (interrupt.at_step, interrupt.skip_sync),
+                    "unchanged": unchanged, "params": after[-1]}  # fmt: skip
+        after.append([p.tolist() for p in model.parameters()])
+    return {"at": None}
+
+
+@pytest.mark.parametrize("config", ["sgd", "adam_many_buckets", "sgd_fp16"])
+def test_a_leaving_member_stops_every_rank_at_the_same_step_boundary(config: str) -> None:
+    """A member told to leave during step 3 puts its word in step 3's gradient allreduce:
+    every rank raises at the start of step 4's `optimizer.step()`, before it changes
+    anything, so the ranks hold the same state, that of step 3."""
+    outs = run_group(_leave_at_a_step, 3, config, timeout=60)
+    assert [o["at"] for o in outs] == [4, 4, 4]
+    assert all(o["interrupt"] == (True, True) and o["unchanged"] for o in outs)
+    assert outs[0]["params"] == outs[1]["params"] == outs[2]["params"]

@@ -112,8 +112,14 @@ class State:
             bool(v) for v in collectives.allreduce(flags, op=collectives.Max).tolist()
         )
         if pending or leaving:
-            self._before_hosts_update()
+            self.prepare_to_reform()
             raise HostsUpdatedInterrupt(skip_sync=not added)
+
+    def prepare_to_reform(self) -> None:
+        """Run on every rank, in the round that ends, once all agreed to re-form (at a commit,
+        or at a step when a member leaves): what only some ranks know (samples recorded with
+        `record_indices`) is merged while the old group still works. A collective."""
+        self._before_hosts_update()
 
     def _before_hosts_update(self) -> None:
         """Hook run on every rank, while the old epoch's group still works, once all agreed to

@@ -26,7 +26,9 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
     re-joins the next epoch, calls the state's reset callbacks, syncs (only where the
     survivors' commits differ, or a new worker joins), and calls `func` again.
     When the membership changes (`HostsUpdatedInterrupt`, raised by `state.commit()` on every
-    rank at the same step), it re-joins without restoring. A worker the driver excluded (it
+    rank at the same step, or by `DistributedOptimizer.step()` when a member leaves: `func`
+    must keep its progress in `state` as each step completes, as the sampler's
+    `record_batch` does), it re-joins without restoring. A worker the driver excluded (it
     received SIGTERM, or its host left the discovery output) ends with `SystemExit(0)` at that
     point (at once, with `os._exit(0)`, when it abandoned a process group whose collective
     may still be blocked: its teardown would abort the process). Any other exception
@@ -42,11 +44,14 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
                 state.sync_if_needed(not skip_sync)
                 return func(state, *args, **kwargs)
             except WorkerLostError as err:
-                log.warning("rank %d: %s; restoring the last commit", runtime.rank(), err)
-                state.restore()
-                skip_sync = True  # synced only if the survivors' commits differ
+                skip_sync = _restore(state, err)
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
+                if interrupt.at_step:  # raised by the optimizer, which knows no state
+                    try:
+                        state.prepare_to_reform()
+                    except WorkerLostError as err:
+                        skip_sync = _restore(state, err)
             try:
                 runtime.rejoin()
             except NotMemberError:
@@ -57,3 +62,11 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
             state.on_reset()
 
     return wrapper
+
+
+def _restore(state: State, err: WorkerLostError) -> bool:
+    """A peer died: back to the last commit. Returns `skip_sync` for the next round: True,
+    the survivors' sync runs only where their commits differ."""
+    log.warning("rank %d: %s; restoring the last commit", runtime.rank(), err)
+    state.restore()
+    return True

@@ -20,19 +20,26 @@ class WorkerLostError(ElasticError, RuntimeError):
 
 
 class HostsUpdatedInterrupt(ElasticError, RuntimeError):
-    """The job's membership changes: raised by `State.commit()` on every rank at the same step.
+    """The job's membership changes: raised by `State.commit()` on every rank at the same step,
+    or (`at_step`) by `DistributedOptimizer.step()` on every rank at the same step when a
+    member leaves, before that step changes anything.
 
     Nothing was lost, so the run loop does not restore; it re-joins the rendezvous and, unless
     `skip_sync` is true, syncs state. `skip_sync` is true when no worker joins (only removals
-    or a leave), so every member of the next epoch already holds the same, newest commit.
+    or a leave), so every member of the next epoch already holds the same state.
     """
 
-    def __init__(self, skip_sync: bool = False) -> None:
+    def __init__(self, skip_sync: bool = False, at_step: bool = False) -> None:
         self.skip_sync = bool(skip_sync)
+        self.at_step = bool(at_step)
         super().__init__(
-            "the job's hosts changed: re-forming"
+            (
+                "a member leaves: re-forming at this step"
+                if self.at_step
+                else "the job's hosts changed: re-forming"
+            )
             + (" (no new workers: state sync skipped)" if self.skip_sync else "")
         )
 
-    def __reduce__(self) -> tuple[type[HostsUpdatedInterrupt], tuple[bool]]:
-        return (type(self), (self.skip_sync,))
+    def __reduce__(self) -> tuple[type[HostsUpdatedInterrupt], tuple[bool, bool]]:
+        return (type(self), (self.skip_sync, self.at_step))

@@ -23,6 +23,7 @@ from elastic.worker import collectives
 from elastic.worker.collectives import Average, ReduceOp, Sum
 from elastic.worker.compression import Compression, Compressor
 from elastic.worker.context import current
+from elastic.worker.errors import HostsUpdatedInterrupt
 
 __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
 
@@ -30,14 +31,16 @@ _FUSION_THRESHOLD_BYTES = 64 * 1024 * 1024
 
 
 class _Bucket:
-    """Parameters of one dtype and device whose gradients are reduced as one flat buffer."""
+    """Parameters of one dtype and device whose gradients are reduced as one flat buffer; the
+    last bucket's buffer carries one more element, the leave word (`_LeaveWord`)."""
 
-    __slots__ = ("params", "indices", "numels", "flat", "views", "remaining", "pending")
+    __slots__ = ("params", "indices", "numels", "words", "flat", "views", "remaining", "pending")
 
     def __init__(self, params: list[torch.nn.Parameter], indices: list[int]) -> None:
         self.params = params
         self.indices = indices
         self.numels = [p.numel() for p in params]
+        self.words = 0  # elements after the gradients: 1 in the bucket launched last
         self.flat: torch.Tensor | None = None
         self.views: list[torch.Tensor] = []
         self.remaining = len(params)
@@ -48,10 +51,42 @@ class _Bucket:
         """The flat buffer, allocated on first use and reused every step."""
         if self.flat is None:
             first = self.params[0]
-            self.flat = torch.empty(sum(self.numels), dtype=first.dtype, device=first.device)
-            pieces = self.flat.split(self.numels)
+            total = sum(self.numels)
+            self.flat = torch.empty(total + self.words, dtype=first.dtype, device=first.device)
+            pieces = self.flat.narrow(0, 0, total).split(self.numels)
             self.views = [v.view_as(p) for v, p in zip(pieces, self.params, strict=True)]
         return self.flat
+
+
+class _LeaveWord:
+    """Whether a member is leaving, agreed by every rank at the same step for free: each rank
+    puts 1 (leaving) or 0 in one extra element of the step's last gradient allreduce, and
+    every rank reads the same sum. `take()`, at the start of the next `step()`, says what the
+    last completed step's allreduce agreed (waiting for it on a GPU), and forgets it."""
+
+    def __init__(self) -> None:
+        self._agreed = False
+        self._host: torch.Tensor | None = None  # pinned: the GPU's copy lands here
+        self._copied: torch.cuda.Event | None = None
+
+    def read(self, reduced: torch.Tensor) -> None:
+        """`reduced`: the word's element once the allreduce has completed."""
+        if reduced.device.type != "cuda":
+            self._agreed = bool(reduced.item() > 0)
+            return
+        if self._host is None or self._host.dtype != reduced.dtype:
+            self._host = torch.empty(1, dtype=reduced.dtype, pin_memory=True)
+        self._host.copy_(reduced.reshape(1), non_blocking=True)  # no stall of this step
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+
+    def take(self) -> bool:
+        if self._copied is not None:
+            assert self._host is not None
+            self._copied.synchronize()  # long done: the next step's backward came after it
+            self._agreed, self._copied = bool(self._host.item() > 0), None
+        agreed, self._agreed = self._agreed, False
+        return agreed
 
 
 def _make_buckets(params: list[torch.nn.Parameter], threshold: int) -> list[_Bucket]:
@@ -94,6 +129,9 @@ class _GradientReducer:
         self.prescale = 1.0 / gradient_predivide_factor
         self.postscale = gradient_predivide_factor
         self.buckets = _make_buckets(params, fusion_threshold_bytes)
+        if self.buckets:
+            self.buckets[-1].words = 1
+        self.word = _LeaveWord()
         self.counts = [0] * len(params)
         self.next_launch = 0
         self.hooks = []
@@ -149,6 +187,8 @@ class _GradientReducer:
                     view.copy_(g.to_dense() if g.is_sparse else g)
         if self.prescale != 1.0:
             flat.mul_(self.prescale)
+        if bucket.words:
+            flat[-1] = 1.0 if ctx.events.leaving else 0.0
         buf, cctx = self.compression.compress(flat)
         if not buf.is_contiguous():
             buf = buf.contiguous()
@@ -178,7 +218,10 @@ class _GradientReducer:
         if work is not None:
             collectives._wait(work)
         out = self.compression.decompress(buf, cctx)
-        if out is bucket.flat:
+        if bucket.words:
+            self.word.read(out[-1:])
+            out = out.narrow(0, 0, out.numel() - bucket.words)
+        if bucket.flat is not None and out.data_ptr() == bucket.flat.data_ptr():
             views = bucket.views
         else:
             pieces = zip(out.split(bucket.numels), bucket.params, strict=True)
@@ -251,7 +294,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:
-        """Synchronize the gradients (unless inside `skip_synchronize()`), then update."""
+        """Synchronize the gradients (unless inside `skip_synchronize()`), then update.
+
+        When the last step's allreduce agreed that a member is leaving (it got SIGTERM or a
+        preemption notice), every rank raises `HostsUpdatedInterrupt` here instead, at the
+        same step, before this step changes anything: the leaver goes, the others re-form
+        and go on from the state after the last step, with nothing rolled back."""
+        if self._reducer.word.take():
+            self._reducer.abandon()  # this step's gradients: it never happened
+            self._synchronized = False
+            raise HostsUpdatedInterrupt(skip_sync=True, at_step=True)
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
