@@ -81,17 +81,23 @@ def _reference(config: str, size: int) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def _train(config: str) -> dict[str, torch.Tensor]:
-    kind, passes, threshold, fp16, explicit_sync = CONFIGS[config]
-    rank = current("test").rank
-    model = _model()
-    opt = DistributedOptimizer(
+def _distributed(config: str, model: nn.Module) -> torch.optim.Optimizer:
+    """`config`'s optimizer over `model`, wrapped as its configuration says."""
+    kind, passes, threshold, fp16, _ = CONFIGS[config]
+    return DistributedOptimizer(
         _optimizer(kind, model),
         named_parameters=model.named_parameters(),
         compression=Compression.fp16 if fp16 else Compression.none,
         backward_passes_per_step=passes,
         fusion_threshold_bytes=threshold,
     )
+
+
+def _train(config: str) -> dict[str, torch.Tensor]:
+    kind, passes, _, _, explicit_sync = CONFIGS[config]
+    rank = current("test").rank
+    model = _model()
+    opt = _distributed(config, model)
     assert isinstance(opt, torch.optim.SGD if kind == "sgd" else torch.optim.Adam)
     for step in range(STEPS):
         opt.zero_grad()
@@ -247,15 +253,9 @@ def test_optimizer_calls_before_init_raise_not_initialized(call: Any) -> None:
 
 
 def _leave_at_a_step(config: str) -> dict[str, Any]:
-    kind, _, threshold, fp16, _ = CONFIGS[config]
     ctx = current("test")
     model = _model()
-    opt = DistributedOptimizer(
-        _optimizer(kind, model),
-        named_parameters=model.named_parameters(),
-        compression=Compression.fp16 if fp16 else Compression.none,
-        fusion_threshold_bytes=threshold,
-    )
+    opt = _distributed(config, model)
     after: list[list[list[float]]] = []
     for step in range(8):
         if ctx.rank == 2 and step == 3:
