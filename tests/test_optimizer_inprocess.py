@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -9,9 +10,11 @@ import pytest
 import torch
 from torch import nn
 
+from elastic.worker import context
 from elastic.worker.compression import Compression
 from elastic.worker.context import NotInitializedError, current
 from elastic.worker.errors import HostsUpdatedInterrupt
+from elastic.worker.membership import MembershipEvents
 from elastic.worker.optimizer import (
     DistributedOptimizer,
     broadcast_optimizer_state,
@@ -281,3 +284,28 @@ def test_a_leaving_member_stops_every_rank_at_the_same_step_boundary(config: str
     assert [o["at"] for o in outs] == [4, 4, 4]
     assert all(o["interrupt"] == (True, True) and o["unchanged"] for o in outs)
     assert outs[0]["params"] == outs[1]["params"] == outs[2]["params"]
+
+
+def _word_of_an_ended_round() -> bool:
+    ctx = current("test")
+    model = _model()
+    opt = _distributed("sgd", model)
+    for step in range(4):
+        if ctx.rank == 2 and step == 1:
+            ctx.events.request_leave()  # agreed in step 1's allreduce...
+        if step == 2:  # ...but the round ended first (at a commit): a new round, same group
+            ctx = dataclasses.replace(ctx, epoch=ctx.epoch + 1, events=MembershipEvents())
+            context.activate(ctx)
+        opt.zero_grad()
+        _loss(model, step, 0, ctx.rank).backward()
+        try:
+            opt.step()
+        except HostsUpdatedInterrupt:
+            return False
+    return True
+
+
+def test_a_leave_agreed_in_a_round_that_ended_otherwise_stops_nobody_in_the_next() -> None:
+    """The new round's members did not all hear the word (joiners did not): acting on it
+    there would split the ranks, some leaving the group while others wait in it."""
+    assert run_group(_word_of_an_ended_round, 3, timeout=60) == [True, True, True]

@@ -61,18 +61,22 @@ class _Bucket:
 class _LeaveWord:
     """Whether a member is leaving, agreed by every rank at the same step for free: each rank
     puts 1 (leaving) or 0 in one extra element of the step's last gradient allreduce, and
-    every rank reads the same sum. `take()`, at the start of the next `step()`, says what the
-    last completed step's allreduce agreed (waiting for it on a GPU), and forgets it."""
+    every rank reads the same sum. `take(round)`, at the start of the next `step()`, says what
+    the last completed step's allreduce of that same round agreed (waiting for it on a GPU),
+    and forgets it. A word of an earlier round is never acted on: the round ended otherwise
+    (at a commit, on a failure), and the new round's members did not all hear it."""
 
     def __init__(self) -> None:
         self._agreed = False
+        self._round = 0  # the round whose allreduce the word came from
         self._host: torch.Tensor | None = None  # pinned: the GPU's copy lands here
         self._copied: torch.cuda.Event | None = None
 
-    def read(self, reduced: torch.Tensor) -> None:
-        """`reduced`: the word's element once the allreduce has completed."""
+    def read(self, reduced: torch.Tensor, round_: int) -> None:
+        """`reduced`: the word's element once round `round_`'s allreduce has completed."""
+        self._round = round_
         if reduced.device.type != "cuda":
-            self._agreed = bool(reduced.item() > 0)
+            self._agreed, self._copied = bool(reduced.item() > 0), None
             return
         if self._host is None or self._host.dtype != reduced.dtype:
             self._host = torch.empty(1, dtype=reduced.dtype, pin_memory=True)
@@ -80,12 +84,12 @@ class _LeaveWord:
         self._copied = torch.cuda.Event()
         self._copied.record()
 
-    def take(self) -> bool:
+    def take(self, round_: int) -> bool:
         if self._copied is not None:
             assert self._host is not None
             self._copied.synchronize()  # long done: the next step's backward came after it
             self._agreed, self._copied = bool(self._host.item() > 0), None
-        agreed, self._agreed = self._agreed, False
+        agreed, self._agreed = self._agreed and self._round == round_, False
         return agreed
 
 
@@ -196,8 +200,9 @@ class _GradientReducer:
         bucket.pending = (work, buf, cctx)
 
     @torch.no_grad()
-    def synchronize(self, size: int) -> None:
-        """Launch the buckets not yet launched, wait for all, write reduced gradients back.
+    def synchronize(self, size: int, round_: int) -> None:
+        """Launch the buckets not yet launched, wait for all, write reduced gradients back;
+        `size` and `round_`: the current round's.
 
         On error the pending round is abandoned (see `abandon`) and the error re-raised.
         """
@@ -205,13 +210,13 @@ class _GradientReducer:
         try:
             factor = self.postscale / size if self.op == Average else self.postscale
             for bucket in self.buckets:
-                self._finish(bucket, factor)
+                self._finish(bucket, factor, round_)
         except BaseException:
             self.abandon()
             raise
         self._reset_round()
 
-    def _finish(self, bucket: _Bucket, factor: float) -> None:
+    def _finish(self, bucket: _Bucket, factor: float, round_: int) -> None:
         """Wait for `bucket`'s allreduce, then write `factor * result` into the gradients."""
         assert bucket.pending is not None
         work, buf, cctx = bucket.pending
@@ -219,7 +224,7 @@ class _GradientReducer:
             collectives._wait(work)
         out = self.compression.decompress(buf, cctx)
         if bucket.words:
-            self.word.read(out[-1:])
+            self.word.read(out[-1:], round_)
             out = out.narrow(0, 0, out.numel() - bucket.words)
         if bucket.flat is not None and out.data_ptr() == bucket.flat.data_ptr():
             views = bucket.views
@@ -281,7 +286,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         retried after the job re-forms.
         """
         ctx = current("DistributedOptimizer.synchronize")
-        self._reducer.synchronize(ctx.size)
+        self._reducer.synchronize(ctx.size, ctx.epoch)
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -300,7 +305,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         preemption notice), every rank raises `HostsUpdatedInterrupt` here instead, at the
         same step, before this step changes anything: the leaver goes, the others re-form
         and go on from the state after the last step, with nothing rolled back."""
-        if self._reducer.word.take():
+        if self._reducer.word.take(current("DistributedOptimizer.step").epoch):
             self._reducer.abandon()  # this step's gradients: it never happened
             self._synchronized = False
             raise HostsUpdatedInterrupt(skip_sync=True, at_step=True)
