@@ -33,11 +33,14 @@ Both train the same tiny MLP (bench/workloads/): every rank prints each step wit
 4. `host_return`: rank 1's host vanishes, stays away `--downtime` s after the vanish (the job
    re-forms without it meanwhile), then comes back (`bed.back`, same address, sshd up); it
    never left elasticrun's discovery file, and torchrun gets a fresh agent on it at once, as a
-   rebooted machine's service manager would start one.
+   rebooted machine's service manager would start one;
+5. `worker_sigterm`: SIGTERM to rank 1's worker process (a spot reclaim's notice, a
+   Kubernetes eviction): elasticrun's worker leaves at a step boundary; torchrun's dies and
+   its agent restarts every worker.
 
 Measured, from the workers' own step lines:
 
-* `recovery_s` (1-3; `vanish_recovery_s` in 4): fault injected to the first step completed
+* `recovery_s` (1-3, 5; `vanish_recovery_s` in 4): fault injected to the first step completed
   by the re-formed job (a step at another size, or by a process that did not train before);
   `recovered_size`; `steps_lost` (the old job's last step, before the fault or, cut off, after
   it, minus the step the re-formed job resumed from); `stall_s`, the longest gap between
@@ -120,10 +123,11 @@ from tests.multihost.bed import Bed, BedUnavailable, missing_prerequisite  # noq
 from tests.multihost.leftovers import survey  # noqa: E402
 
 SYSTEMS = ["elasticrun", "torchrun"]
-SCENARIOS = ["worker_kill", "host_vanish", "driver_partition", "host_return"]
+SCENARIOS = ["worker_kill", "host_vanish", "driver_partition", "host_return", "worker_sigterm"]
 TARGETS = {  # elasticrun's targets: (metric, median at most, seconds)
     "worker_kill": ("recovery_s", 0.15),
     "host_vanish": ("recovery_s", 2.5),
+    "worker_sigterm": ("stall_s", 0.3),
 }
 
 # Timeouts (s) of the waits of one trial; `--bound` is the recovery's.
@@ -136,6 +140,7 @@ METRICS = {
     "worker_kill": ["recovery_s", "recovered_size", "steps_lost", "stall_s"],
     "host_vanish": ["recovery_s", "recovered_size", "steps_lost", "stall_s"],
     "driver_partition": ["recovery_s", "recovered_size", "steps_lost", "stall_s"],
+    "worker_sigterm": ["recovery_s", "recovered_size", "steps_lost", "stall_s"],
     "host_return": [
         "vanish_recovery_s",
         "scale_up_s",
@@ -184,6 +189,16 @@ MILESTONES: dict[tuple[str, str], list[tuple[str, str, str]]] = {
     ],
 }
 MILESTONES[("elasticrun", "driver_partition")] = MILESTONES[("elasticrun", "host_vanish")]
+MILESTONES[("elasticrun", "worker_sigterm")] = [
+    ("driver: the leave taken", r"leaves the job: SIGTERM", "arrival"),
+    ("driver: round at size 3 formed", r"elasticrun: round \d+: 3 worker", "arrival"),
+    ("survivor: entered new round", r"event reset size 3", "worker"),
+    ("first step at size 3", r"step \d+ size 3", "worker"),
+]
+MILESTONES[("torchrun", "worker_sigterm")] = [
+    ("agent: saw the exit", r"failed \(exitcode: ", "arrival"),
+    *_TORCHRUN_RESTART,
+]
 MILESTONES[("elasticrun", "host_return")] = [
     ("driver: launched on the returned host", r"elasticrun: launched \d+ worker", "arrival"),
     ("joiner: process up", r"event process up", "worker"),
@@ -297,6 +312,8 @@ def inject(bed: Bed, scenario: str, victim: Step, host: str) -> float:
     t_fault = time.time()
     if scenario == "worker_kill":
         os.kill(victim.pid, signal.SIGKILL)
+    elif scenario == "worker_sigterm":
+        os.kill(victim.pid, signal.SIGTERM)
     elif scenario in ("host_vanish", "host_return"):
         bed.vanish(host)
     elif scenario == "driver_partition":
