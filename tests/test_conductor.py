@@ -217,6 +217,29 @@ def test_a_static_job_ends_with_its_first_failure_s_code(tmp_path) -> None:
     assert job.rendezvous.epoch == 1
 
 
+def test_a_member_let_go_hears_that_it_leaves_and_the_others_hear_the_new_round(
+    tmp_path,
+) -> None:
+    """Its leave goes into its next step's allreduce, so the round ends at a step boundary
+    on every rank, not at the next commit."""
+
+    async def scenario() -> Harness:
+        job = Harness(3, elastic=True, tmp_path=tmp_path)
+        for worker in job.workers:
+            worker.commit = 4  # the others hold its state: it goes at once
+        job.conductor.hear(LeaveAsked(job.workers[2].worker_id, "SIGTERM", 4))
+        await asyncio.sleep(ROUND_AFTER_DEATH)  # the batching window of a plain change
+        return job
+
+    job = asyncio.run(scenario())
+    assert job.rendezvous.epoch == 2
+    assert job.rendezvous.members == [job.workers[i].worker_id for i in (0, 1)]
+    heard = [job.heard(i) for i in range(3)]
+    assert all(len(events) == 1 and isinstance(events[0], HostsUpdated) for events in heard)
+    assert [events[0].leave for events in heard] == [False, False, True]
+    assert all(events[0].next_epoch == 2 for events in heard)
+
+
 def test_a_member_that_finishes_ends_training_and_stops_joiners(tmp_path) -> None:
     async def scenario() -> Harness:
         job = Harness(2, elastic=True, tmp_path=tmp_path)

@@ -259,6 +259,9 @@ def test_events_arrive_in_membership_events(driver: Driver, clients: list[Contro
     assert wait_until(lambda: events.broken(4)) == "h2 died"
     driver.send("w1", HostsUpdated(version=4, next_epoch=5, removed=("h2",)))
     assert wait_until(lambda: events.pending_update(4)) == HostsUpdate(5, True, True)
+    assert not events.leaving
+    driver.send("w1", HostsUpdated(version=5, next_epoch=6, removed=("h1",), leave=True))
+    assert wait_until(lambda: events.leaving), "let go: it leaves at its next step boundary"
 
 
 def test_a_break_that_calls_the_worker_back_has_it_join_at_once(

@@ -8,6 +8,7 @@ which cannot run here: their tests put fake `scontrol`/`kubectl` executables fir
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import shlex
@@ -78,6 +79,40 @@ def test_bare_hosts_get_default_slots_or_one(tmp_path: Path) -> None:
     assert find(ScriptDiscovery(path, timeout=5, default_slots=4)) == [
         HostSpec(*e) for e in expected
     ]
+
+
+def test_a_line_may_carry_a_preemption_notice(tmp_path: Path) -> None:
+    """Horovod's `host:slots` lines stay valid; ` leaving` or ` leaving=T` (Unix seconds or
+    ISO 8601 with a zone) after one says the host is about to be taken away."""
+    path = script(
+        tmp_path,
+        "printf 'a:2\\nb:1 leaving=1795500000\\nc leaving\\n"
+        "[fd00::1]:3 leaving=2026-11-24T08:00:00Z  # reclaimed\\n'\n",
+    )
+    found = find(ScriptDiscovery(path, timeout=5, default_slots=4))
+    assert found == [
+        HostSpec("a", 2),
+        HostSpec("b", 1, leaving_at=1795500000.0),
+        HostSpec("c", 4, leaving_at=math.inf),  # a bare name keeps the default slots
+        HostSpec("fd00::1", 3, leaving_at=1795507200.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("a:1 leaving=soon", "notice time 'soon' is neither Unix seconds nor ISO 8601"),
+        ("a:1 leaving=2026-11-24T08:00:00", "with a zone"),
+        ("a:1 leaving=", "notice time '' is neither"),
+        ("a:1 leaving=inf", "notice time 'inf' is not a time"),
+        ("a:1 going", "malformed host entry 'a:1 going'"),
+    ],
+)
+def test_a_notice_that_cannot_be_read_names_its_line(
+    tmp_path: Path, line: str, expected: str
+) -> None:
+    message = error_of(ScriptDiscovery(script(tmp_path, f"printf 'b:1\\n{line}\\n'\n"), 5))
+    assert "output line 2" in message and expected in message
 
 
 def test_no_hosts_is_a_valid_answer(tmp_path: Path) -> None:
@@ -365,6 +400,22 @@ def tracker(low: float = 10, high: float = 100, seed: int = 0) -> HostTracker:
 
 def names(t: HostTracker) -> list[str]:
     return [spec.hostname for spec in t.hosts]
+
+
+def test_a_host_under_notice_is_not_usable_until_its_time_passes() -> None:
+    t = tracker()
+    t.discovered(H("a:2,b:1"), now=0)
+    noticed = [HostSpec("a", 2), HostSpec("b", 1, leaving_at=50.0)]
+    update = t.discovered(noticed, now=10)
+    assert update.change is not None and update.change.removed == ("b",)
+    assert names(t) == ["a"] and t.leaving(10) == {"b": 50.0}
+    assert t.next_expiry(10) == 50.0  # then `refresh`
+    assert t.refresh(49).change is None
+    assert t.refresh(50).change is not None and names(t) == ["a", "b"] and t.leaving(50) == {}
+    t.discovered([HostSpec("a", 2), HostSpec("b", 1, leaving_at=math.inf)], now=60)
+    assert names(t) == ["a"] and t.next_expiry(60) is None  # until discovery says otherwise
+    t.discovered(H("a:2,b:1"), now=70)
+    assert names(t) == ["a", "b"]
 
 
 def test_first_result_adds_hosts_in_source_order() -> None:

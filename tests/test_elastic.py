@@ -209,6 +209,31 @@ def test_discovery_takes_slots_away_and_the_job_shrinks_without_rollback(
     assert assert_exactly_once(tmp_path)["size"] == size
 
 
+def test_a_discovery_notice_makes_the_host_s_worker_leave_at_a_step_and_get_no_successor(
+    elasticrun, tmp_path: Path
+) -> None:
+    """`127.0.0.1:1 leaving=T`: its worker leaves within a few steps, long before the next
+    commit (the end of the epoch, step 20), and nothing is launched there before T."""
+    hosts = tmp_path / "hosts"
+    write_hosts(hosts, "localhost:2\n127.0.0.1:1\n")
+    args = job_args(tmp_path, "--batch", "4", "--commit-every", "1000", "--step-delay", "0.15")
+    job = elasticrun(
+        ["--min-np", "1", *discovery_args(), *args], env={"ELASTIC_HOSTS_FILE": str(hosts)}
+    )
+    job.wait_for(r"step 4 epoch 0 size 3")
+    write_hosts(hosts, f"localhost:2\n127.0.0.1:1 leaving={time.time() + 120:.0f}\n")
+    job.wait_for(r"host 127\.0\.0\.1 leaves in \d+ s \(discovery's notice\)", timeout=10)
+    first_small = int(job.wait_for(r"step (\d+) epoch 0 size 2", timeout=30).group(1))
+    steps_at_3 = [int(n) for n in re.findall(r"step (\d+) epoch \d+ size 3", job.output)]
+    assert max(steps_at_3) < 12, "it left at a step boundary, not at the epoch's commit"
+    assert first_small == max(steps_at_3) + 1, "nothing rolled back, nothing skipped"
+    assert job.finish(90) == 0, job.output
+    launches = job.output.split("discovery's notice", 1)[1]
+    assert not re.search(r"launched \d+ worker\(s\) on 127\.0\.0\.1", launches)
+    assert "restoring the last commit" not in job.output
+    assert assert_exactly_once(tmp_path)["size"] == 2
+
+
 @pytest.mark.parametrize(
     ("script", "message"),
     [

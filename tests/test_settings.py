@@ -127,6 +127,11 @@ def test_a_restarted_driver_checks_the_settings_it_reads_back() -> None:
         (["-np", "1", "--job-id", "a b", "x"], "--job-id 'a b': use 1-64 letters"),
         (["-np", "1", "--driver-wait", "-1", "x"], "--driver-wait must be positive"),
         (["-np", "1", "--checkpoint-every", "0", "x"], "--checkpoint-every (0) and"),
+        (["-np", "1", "--preemption-check", "c", "x"], "--preemption-check needs elastic mode"),
+        (
+            ["--min-np", "1", "--preemption-check-interval", "0", "x"],
+            "--preemption-check-interval must be positive",
+        ),
         (["-np", "1", "--checkpoint-keep", "0", "x"], "--checkpoint-every (1) and"),
         (["-np", "1", "--checkpoint-interval", "-1", "x"], "--checkpoint-interval must be 0"),
         (

@@ -55,6 +55,8 @@ def everything() -> WorkerEnvironment:
             hostname="h1", rank=3, local_rank=1, cross_rank=1, size=4, local_size=2, cross_size=2
         ),
         checkpoint=CheckpointSettings("s3://bucket/run7", every=5, interval=30.0, keep=3),
+        preemption_check="discovery_scripts/aws_spot_check.py",
+        preemption_check_interval=2.0,
     )
 
 

@@ -28,6 +28,7 @@ from elastic.driver.rendezvous.keeper import RoundKeeper
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.reports import (
     Heard,
+    HostNoticed,
     HostsChanged,
     Joined,
     Judged,
@@ -142,8 +143,12 @@ class Conductor:
             if report.round not in self._keys_lost:
                 self._keys_lost.add(report.round)
                 self.apply(on_workers.keys_lost(self.view(), report.round))
+        elif isinstance(report, HostNoticed):
+            self._watcher.host_noticed(report.hostname, report.leaving_at)
         elif isinstance(report, HostsChanged):
-            discovered = {h.hostname for h in self._watcher.tracker.discovered_hosts}
+            tracker = self._watcher.tracker
+            noticed = tracker.leaving(self._clock())  # offered, but about to be taken away
+            discovered = {h.hostname for h in tracker.discovered_hosts} - noticed.keys()
             self.apply(policy.hosts_removed(self.view(), report.change.removed, discovered))
             resized = {h.hostname: h.slots for h in report.change.hosts}
             slots = {name: resized[name] for name in report.change.resized}

@@ -89,6 +89,15 @@ class KeysLost:
 
 
 @dataclass(frozen=True)
+class HostNoticed:
+    """A worker's preemption check says its host goes at `leaving_at` (Unix seconds; +inf:
+    soon, no time known)."""
+
+    hostname: str
+    leaving_at: float
+
+
+@dataclass(frozen=True)
 class HostsChanged:
     """Discovery or a cooldown changed the usable hosts."""
 
@@ -105,6 +114,7 @@ Report = (
     | LeaveAsked
     | PeersUnreachable
     | KeysLost
+    | HostNoticed
     | HostsChanged
 )
 Reports = asyncio.Queue[Report]

@@ -113,6 +113,8 @@ class Settings:
     elastic: ElasticSettings | None = None
     backend: BackendSettings = field(default_factory=BackendSettings)
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    preemption_check: str = ""  # a command the workers run; it prints when their host goes
+    preemption_check_interval: float = 5.0
 
     def __post_init__(self) -> None:
         """Raise `SettingsError` for no command, no -np outside elastic mode, a count or
@@ -124,6 +126,9 @@ class Settings:
         seconds(self.collective_timeout, "--collective-timeout")
         seconds(self.stop_grace, "--stop-grace")
         seconds(self.heartbeat_interval, "--heartbeat-interval")
+        seconds(self.preemption_check_interval, "--preemption-check-interval")
+        if self.preemption_check and self.elastic is None:
+            raise SettingsError("--preemption-check needs elastic mode (--min-np or discovery)")
         if self.ssh.port is not None and not 0 < self.ssh.port < 65536:
             raise SettingsError(f"--ssh-port must be 1-65535, got {self.ssh.port}")
         elastic = self.elastic

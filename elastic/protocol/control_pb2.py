@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x65lastic/protocol/control.proto\x12\x12\x65lastic.control.v1\"1\n\x0fRegisterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\".\n\x10RegisterResponse\x12\x1a\n\x12heartbeat_interval\x18\x01 \x01(\x01\"A\n\x0cLeaveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06\x63ommit\x18\x03 \x01(\x03\"\x0f\n\rLeaveResponse\"E\n\x12UnreachableRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\r\n\x05ranks\x18\x03 \x03(\x03\"\x15\n\x13UnreachableResponse\"\"\n\rEventsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\x83\x01\n\x05\x45vent\x12\x39\n\rhosts_updated\x18\x01 \x01(\x0b\x32 .elastic.control.v1.HostsUpdatedH\x00\x12\x37\n\x0c\x65poch_broken\x18\x02 \x01(\x0b\x32\x1f.elastic.control.v1.EpochBrokenH\x00\x42\x06\n\x04kind\"\xbc\x01\n\x0cHostsUpdated\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x02 \x03(\t\x12\x0f\n\x07removed\x18\x03 \x03(\t\x12\x12\n\nnext_epoch\x18\x04 \x01(\x03\x12&\n\x04slot\x18\x05 \x01(\x0b\x32\x18.elastic.control.v1.Slot\x12\x12\n\njob_commit\x18\x06 \x01(\x03\x12\x14\n\x0c\x62roken_epoch\x18\x07 \x01(\x03\x12\x15\n\rbroken_reason\x18\x08 \x01(\t\"\x84\x01\n\x04Slot\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x03\x12\x12\n\nlocal_rank\x18\x03 \x01(\x03\x12\x12\n\ncross_rank\x18\x04 \x01(\x03\x12\x0c\n\x04size\x18\x05 \x01(\x03\x12\x12\n\nlocal_size\x18\x06 \x01(\x03\x12\x12\n\ncross_size\x18\x07 \x01(\x03\"<\n\x0b\x45pochBroken\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06rejoin\x18\x03 \x01(\x08\x32\xd8\x02\n\x07\x43ontrol\x12U\n\x08Register\x12#.elastic.control.v1.RegisterRequest\x1a$.elastic.control.v1.RegisterResponse\x12L\n\x05Leave\x12 .elastic.control.v1.LeaveRequest\x1a!.elastic.control.v1.LeaveResponse\x12H\n\x06\x45vents\x12!.elastic.control.v1.EventsRequest\x1a\x19.elastic.control.v1.Event0\x01\x12^\n\x0bUnreachable\x12&.elastic.control.v1.UnreachableRequest\x1a\'.elastic.control.v1.UnreachableResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x65lastic/protocol/control.proto\x12\x12\x65lastic.control.v1\"1\n\x0fRegisterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\".\n\x10RegisterResponse\x12\x1a\n\x12heartbeat_interval\x18\x01 \x01(\x01\"A\n\x0cLeaveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06\x63ommit\x18\x03 \x01(\x03\"\x0f\n\rLeaveResponse\"E\n\x12UnreachableRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\r\n\x05ranks\x18\x03 \x03(\x03\"\x15\n\x13UnreachableResponse\"6\n\rNoticeRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nleaving_at\x18\x02 \x01(\x01\"\x10\n\x0eNoticeResponse\"\"\n\rEventsRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\x83\x01\n\x05\x45vent\x12\x39\n\rhosts_updated\x18\x01 \x01(\x0b\x32 .elastic.control.v1.HostsUpdatedH\x00\x12\x37\n\x0c\x65poch_broken\x18\x02 \x01(\x0b\x32\x1f.elastic.control.v1.EpochBrokenH\x00\x42\x06\n\x04kind\"\xcb\x01\n\x0cHostsUpdated\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x02 \x03(\t\x12\x0f\n\x07removed\x18\x03 \x03(\t\x12\x12\n\nnext_epoch\x18\x04 \x01(\x03\x12&\n\x04slot\x18\x05 \x01(\x0b\x32\x18.elastic.control.v1.Slot\x12\x12\n\njob_commit\x18\x06 \x01(\x03\x12\x14\n\x0c\x62roken_epoch\x18\x07 \x01(\x03\x12\x15\n\rbroken_reason\x18\x08 \x01(\t\x12\r\n\x05leave\x18\t \x01(\x08\"\x84\x01\n\x04Slot\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x03\x12\x12\n\nlocal_rank\x18\x03 \x01(\x03\x12\x12\n\ncross_rank\x18\x04 \x01(\x03\x12\x0c\n\x04size\x18\x05 \x01(\x03\x12\x12\n\nlocal_size\x18\x06 \x01(\x03\x12\x12\n\ncross_size\x18\x07 \x01(\x03\"<\n\x0b\x45pochBroken\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06rejoin\x18\x03 \x01(\x08\x32\xa9\x03\n\x07\x43ontrol\x12U\n\x08Register\x12#.elastic.control.v1.RegisterRequest\x1a$.elastic.control.v1.RegisterResponse\x12L\n\x05Leave\x12 .elastic.control.v1.LeaveRequest\x1a!.elastic.control.v1.LeaveResponse\x12H\n\x06\x45vents\x12!.elastic.control.v1.EventsRequest\x1a\x19.elastic.control.v1.Event0\x01\x12^\n\x0bUnreachable\x12&.elastic.control.v1.UnreachableRequest\x1a\'.elastic.control.v1.UnreachableResponse\x12O\n\x06Notice\x12!.elastic.control.v1.NoticeRequest\x1a\".elastic.control.v1.NoticeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,16 +43,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UNREACHABLEREQUEST']._serialized_end=306
   _globals['_UNREACHABLERESPONSE']._serialized_start=308
   _globals['_UNREACHABLERESPONSE']._serialized_end=329
-  _globals['_EVENTSREQUEST']._serialized_start=331
-  _globals['_EVENTSREQUEST']._serialized_end=365
-  _globals['_EVENT']._serialized_start=368
-  _globals['_EVENT']._serialized_end=499
-  _globals['_HOSTSUPDATED']._serialized_start=502
-  _globals['_HOSTSUPDATED']._serialized_end=690
-  _globals['_SLOT']._serialized_start=693
-  _globals['_SLOT']._serialized_end=825
-  _globals['_EPOCHBROKEN']._serialized_start=827
-  _globals['_EPOCHBROKEN']._serialized_end=887
-  _globals['_CONTROL']._serialized_start=890
-  _globals['_CONTROL']._serialized_end=1234
+  _globals['_NOTICEREQUEST']._serialized_start=331
+  _globals['_NOTICEREQUEST']._serialized_end=385
+  _globals['_NOTICERESPONSE']._serialized_start=387
+  _globals['_NOTICERESPONSE']._serialized_end=403
+  _globals['_EVENTSREQUEST']._serialized_start=405
+  _globals['_EVENTSREQUEST']._serialized_end=439
+  _globals['_EVENT']._serialized_start=442
+  _globals['_EVENT']._serialized_end=573
+  _globals['_HOSTSUPDATED']._serialized_start=576
+  _globals['_HOSTSUPDATED']._serialized_end=779
+  _globals['_SLOT']._serialized_start=782
+  _globals['_SLOT']._serialized_end=914
+  _globals['_EPOCHBROKEN']._serialized_start=916
+  _globals['_EPOCHBROKEN']._serialized_end=976
+  _globals['_CONTROL']._serialized_start=979
+  _globals['_CONTROL']._serialized_end=1404
 # @@protoc_insertion_point(module_scope)

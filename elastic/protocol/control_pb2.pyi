@@ -48,6 +48,18 @@ class UnreachableResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class NoticeRequest(_message.Message):
+    __slots__ = ("worker_id", "leaving_at")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_AT_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    leaving_at: float
+    def __init__(self, worker_id: _Optional[str] = ..., leaving_at: _Optional[float] = ...) -> None: ...
+
+class NoticeResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class EventsRequest(_message.Message):
     __slots__ = ("worker_id",)
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -63,7 +75,7 @@ class Event(_message.Message):
     def __init__(self, hosts_updated: _Optional[_Union[HostsUpdated, _Mapping]] = ..., epoch_broken: _Optional[_Union[EpochBroken, _Mapping]] = ...) -> None: ...
 
 class HostsUpdated(_message.Message):
-    __slots__ = ("version", "added", "removed", "next_epoch", "slot", "job_commit", "broken_epoch", "broken_reason")
+    __slots__ = ("version", "added", "removed", "next_epoch", "slot", "job_commit", "broken_epoch", "broken_reason", "leave")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ADDED_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +84,7 @@ class HostsUpdated(_message.Message):
     JOB_COMMIT_FIELD_NUMBER: _ClassVar[int]
     BROKEN_EPOCH_FIELD_NUMBER: _ClassVar[int]
     BROKEN_REASON_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_FIELD_NUMBER: _ClassVar[int]
     version: int
     added: _containers.RepeatedScalarFieldContainer[str]
     removed: _containers.RepeatedScalarFieldContainer[str]
@@ -80,7 +93,8 @@ class HostsUpdated(_message.Message):
     job_commit: int
     broken_epoch: int
     broken_reason: str
-    def __init__(self, version: _Optional[int] = ..., added: _Optional[_Iterable[str]] = ..., removed: _Optional[_Iterable[str]] = ..., next_epoch: _Optional[int] = ..., slot: _Optional[_Union[Slot, _Mapping]] = ..., job_commit: _Optional[int] = ..., broken_epoch: _Optional[int] = ..., broken_reason: _Optional[str] = ...) -> None: ...
+    leave: bool
+    def __init__(self, version: _Optional[int] = ..., added: _Optional[_Iterable[str]] = ..., removed: _Optional[_Iterable[str]] = ..., next_epoch: _Optional[int] = ..., slot: _Optional[_Union[Slot, _Mapping]] = ..., job_commit: _Optional[int] = ..., broken_epoch: _Optional[int] = ..., broken_reason: _Optional[str] = ..., leave: _Optional[bool] = ...) -> None: ...
 
 class Slot(_message.Message):
     __slots__ = ("hostname", "rank", "local_rank", "cross_rank", "size", "local_size", "cross_size")

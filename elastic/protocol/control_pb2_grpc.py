@@ -55,6 +55,11 @@ class ControlStub:
                 request_serializer=elastic_dot_protocol_dot_control__pb2.UnreachableRequest.SerializeToString,
                 response_deserializer=elastic_dot_protocol_dot_control__pb2.UnreachableResponse.FromString,
                 _registered_method=True)
+        self.Notice = channel.unary_unary(
+                '/elastic.control.v1.Control/Notice',
+                request_serializer=elastic_dot_protocol_dot_control__pb2.NoticeRequest.SerializeToString,
+                response_deserializer=elastic_dot_protocol_dot_control__pb2.NoticeResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -94,6 +99,15 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Notice(self, request, context):
+        """The worker's host is about to be taken away (its preemption check printed a time): the
+        driver lets every worker of the host go at its next step and launches none there
+        before that time. NOT_FOUND: the driver knows no such live worker (it must exit).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -116,6 +130,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.Unreachable,
                     request_deserializer=elastic_dot_protocol_dot_control__pb2.UnreachableRequest.FromString,
                     response_serializer=elastic_dot_protocol_dot_control__pb2.UnreachableResponse.SerializeToString,
+            ),
+            'Notice': grpc.unary_unary_rpc_method_handler(
+                    servicer.Notice,
+                    request_deserializer=elastic_dot_protocol_dot_control__pb2.NoticeRequest.FromString,
+                    response_serializer=elastic_dot_protocol_dot_control__pb2.NoticeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -227,6 +246,33 @@ class Control:
             '/elastic.control.v1.Control/Unreachable',
             elastic_dot_protocol_dot_control__pb2.UnreachableRequest.SerializeToString,
             elastic_dot_protocol_dot_control__pb2.UnreachableResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Notice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elastic.control.v1.Control/Notice',
+            elastic_dot_protocol_dot_control__pb2.NoticeRequest.SerializeToString,
+            elastic_dot_protocol_dot_control__pb2.NoticeResponse.FromString,
             options,
             channel_credentials,
             insecure,

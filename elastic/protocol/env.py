@@ -45,6 +45,8 @@ ETCD_KEY = "ELASTIC_ETCD_KEY"
 ETCD_USER = "ELASTIC_ETCD_USER"
 ETCD_PASSWORD = "ELASTIC_ETCD_PASSWORD"  # also how the user gives it to elasticrun
 DRIVER_WAIT = "ELASTIC_DRIVER_WAIT"
+PREEMPTION_CHECK = "ELASTIC_PREEMPTION_CHECK"  # --preemption-check: a command line
+PREEMPTION_CHECK_INTERVAL = "ELASTIC_PREEMPTION_CHECK_INTERVAL"
 TOKEN = "ELASTIC_TOKEN"  # the job's secret
 # Durable commits (--checkpoint-dir and its companions; see `CheckpointSettings`).
 CHECKPOINT_DIR = "ELASTIC_CHECKPOINT_DIR"
@@ -138,6 +140,8 @@ class WorkerEnvironment:
     driver_wait: float = 300.0  # seconds to keep trying to reach a restarted driver (etcd)
     slot: SlotInfo | None = None  # its slot in epoch 1, when that formed before its launch
     checkpoint: CheckpointSettings = CheckpointSettings()  # durable commits (none by default)
+    preemption_check: str = ""  # a command run every interval that prints when the host goes
+    preemption_check_interval: float = 5.0  # seconds
 
     def to_env(self) -> dict[str, str]:
         """The variables that describe this environment; a None or empty option sets none."""
@@ -189,6 +193,10 @@ def _read_flag(text: str) -> bool:
     return text == "1"
 
 
+def _write_text(value: str) -> str | None:
+    return value or None
+
+
 def _write_pem(value: bytes | None) -> str | None:
     return None if value is None else value.decode()
 
@@ -210,6 +218,8 @@ _SCALARS: tuple[tuple[str, str, Callable[[Any], str | None], Callable[[str], Any
     ("elastic_timeout", ELASTIC_TIMEOUT, str, float),
     ("tls_cert", TLS_CERT, _write_pem, _read_pem),
     ("driver_wait", DRIVER_WAIT, str, float),
+    ("preemption_check", PREEMPTION_CHECK, _write_text, str),
+    ("preemption_check_interval", PREEMPTION_CHECK_INTERVAL, str, float),
 )
 """(field, variable, how it is written, how it is read) of each plain `WorkerEnvironment`
 field. Only the numbers' readers raise `ValueError`."""

@@ -241,6 +241,17 @@ class ControlClient:
             "Leave", pb.LeaveRequest(worker_id=self.worker_id, reason=reason, commit=self.commit)
         )
 
+    def notice(self, leaving_at: float) -> None:
+        """Tell the driver that this worker's host goes at `leaving_at` (Unix seconds): it
+        lets the host's workers go at their next step and launches none there before then.
+        Tries for at most `EXIT_NOTICE_FOR` seconds and never raises (this worker leaves
+        anyway; the driver learns of the host from its workers' exits)."""
+        request = pb.NoticeRequest(worker_id=self.worker_id, leaving_at=leaving_at)
+        try:
+            self._call("Notice", request, retry_for=EXIT_NOTICE_FOR)
+        except ControlError as err:
+            log.warning("the driver did not take this host's preemption notice: %s", err)
+
     def report_unreachable(self, round: int, ranks: set[int]) -> None:
         """Tell the driver that the peers of `ranks` in round `round` answer no probe. Tries
         for at most `EXIT_NOTICE_FOR` seconds and never raises (a driver that is away learns
@@ -438,6 +449,8 @@ class ControlClient:
                 )
             if update.broken_epoch:  # after the slot: a collective it aborts finds the slot
                 self._events.break_epoch(update.broken_epoch, update.broken_reason)
+            if update.leave:  # let go: it leaves at its next step boundary, as on SIGTERM
+                self._events.request_leave()
             self._events.hosts_updated(
                 HostsUpdate(
                     update.next_epoch, added=bool(update.added), removed=bool(update.removed)

@@ -21,6 +21,7 @@ from elastic.worker.errors import WorkerLostError
 from elastic.worker.gloo_interface import choose_gloo_interface, source_address
 from elastic.worker.locator import DriverLocator
 from elastic.worker.membership import OFFER_WAIT, MembershipEvents, Offer
+from elastic.worker.preemption import PreemptionWatch
 from elastic.worker.process_group import abandon_group, create_group, device_for
 from elastic.worker.reachability import PeerWatch, ProbeResponder, probe_round
 from elastic.worker.store import DriverStore
@@ -77,6 +78,7 @@ def init() -> None:
     peers = PeerWatch(ProbeResponder(address), control.report_unreachable)
     if config.elastic:
         _leave_on_sigterm(events, control)
+        _watch_for_preemption(config, events, control)
         _warm_up()
     if config.slot is not None:  # one of the job's first workers: round 1 formed before launch
         events.offer(Offer(1, config.slot))
@@ -123,6 +125,26 @@ def _leave_on_sigterm(events: MembershipEvents, control: ControlClient) -> None:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, leave)
+
+
+def _watch_for_preemption(
+    config: WorkerConfig, events: MembershipEvents, control: ControlClient
+) -> None:
+    """With `--preemption-check`: run it every interval; when it prints a time, this worker
+    leaves at its next step (as on SIGTERM) and the driver lets the host's other workers go
+    and launches none there before that time."""
+    if not config.preemption_check:
+        return
+
+    def noticed(at: float) -> None:
+        log.warning("this host goes at %s (its preemption check): leaving the job", at)
+        events.request_leave()
+        control.notice(at)
+
+    stop = threading.Event()
+    PreemptionWatch(
+        config.preemption_check, config.preemption_check_interval, noticed, stop
+    ).start()
 
 
 def _ask_to_leave(control: ControlClient) -> None:

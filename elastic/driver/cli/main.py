@@ -161,6 +161,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the discovery script this often (default 1)",
     )
     elastic.add_argument(
+        "--preemption-check",
+        metavar="CMD",
+        help="a command each worker runs every --preemption-check-interval s; it prints when "
+        "its host goes (Unix seconds or ISO 8601), or nothing: the host's workers then leave "
+        "at their next step (see discovery_scripts/aws_spot_check.py, gcp_preemption_check.py)",
+    )
+    elastic.add_argument(
+        "--preemption-check-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often the preemption check runs; it is killed after this long, 10 s at "
+        "most (default 5)",
+    )
+    elastic.add_argument(
         "--discovery-timeout",
         type=float,
         default=10.0,
@@ -270,6 +285,8 @@ def parse_settings(argv: list[str]) -> Settings:
         tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else None,
         tls_key=os.path.abspath(args.tls_key) if args.tls_key else None,
         checkpoint=_checkpoint_settings(args),
+        preemption_check=args.preemption_check or "",
+        preemption_check_interval=args.preemption_check_interval,
     )
     if elastic is not None and elastic.discovery_script is not None:
         try:

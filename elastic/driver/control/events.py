@@ -26,6 +26,7 @@ class HostsUpdated:
     removed: tuple[str, ...] = ()
     broken_epoch: int = 0
     broken_reason: str = ""
+    leave: bool = False  # the worker it goes to is no member of `next_epoch`: it leaves
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class WorkerListener(Protocol):
 
     def unreachable(self, worker_id: str, round: int, ranks: frozenset[int]) -> bool:
         """A member of round `round` found its peers of `ranks` unreachable."""
+
+    def notice(self, worker_id: str, leaving_at: float) -> bool:
+        """A worker's host goes at `leaving_at` (Unix seconds; +inf: soon)."""
 
     def stream_opened(self, worker_id: str) -> asyncio.Queue[ControlEvent] | None:
         """A worker opened its event stream: return the queue its events will come from."""

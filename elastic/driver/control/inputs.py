@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 
 from elastic.driver.control.channels import ControlChannels
 from elastic.driver.control.events import ControlEvent
-from elastic.driver.reports import Heard, LeaveAsked, PeersUnreachable, Reports
+from elastic.driver.reports import Heard, HostNoticed, LeaveAsked, PeersUnreachable, Reports
 from elastic.driver.workers import Worker
 
 
@@ -71,6 +71,13 @@ class WorkerInputs:
             return False
         if ranks:
             self._reports.put_nowait(PeersUnreachable(worker_id, round, ranks))
+        return True
+
+    def notice(self, worker_id: str, leaving_at: float) -> bool:
+        worker = self._live(worker_id)
+        if worker is None:
+            return False
+        self._reports.put_nowait(HostNoticed(worker.hostname, leaving_at))
         return True
 
     def stream_opened(self, worker_id: str) -> asyncio.Queue[ControlEvent] | None:

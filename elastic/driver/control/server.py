@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import hmac
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
@@ -82,6 +83,7 @@ def event_to_proto(event: ControlEvent, placed: tuple[SlotInfo, int] | None = No
             removed=list(event.removed),
             broken_epoch=event.broken_epoch,
             broken_reason=event.broken_reason,
+            leave=event.leave,
         )
         if placed is not None:
             slot, update.job_commit = placed
@@ -241,6 +243,18 @@ class _ControlService(pb_grpc.ControlServicer):
             lambda: self._listener.unreachable(request.worker_id, request.round, ranks),
         )
         return pb.UnreachableResponse()
+
+    async def Notice(  # noqa: N802
+        self, request: pb.NoticeRequest, context: aio.ServicerContext[Any, Any]
+    ) -> pb.NoticeResponse:
+        if math.isnan(request.leaving_at) or request.leaving_at <= 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "leaving_at is no time")
+        await self._call_listener(
+            context,
+            request.worker_id,
+            lambda: self._listener.notice(request.worker_id, request.leaving_at),
+        )
+        return pb.NoticeResponse()
 
     async def Events(  # noqa: N802
         self, request: pb.EventsRequest, context: aio.ServicerContext[Any, Any]

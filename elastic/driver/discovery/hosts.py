@@ -8,11 +8,13 @@ hosts in the order given.
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from elastic.driver.errors import UsageError
+from elastic.protocol.notice import parse_notice_time
 
 MAX_SLOTS_PER_HOST = 65_536
 """The most slots one host may have: far above any machine's accelerators or cores, and low
@@ -29,6 +31,30 @@ _ENTRY = re.compile(
 class HostSpec:
     hostname: str
     slots: int
+    # A preemption notice from discovery: when the host goes (Unix time; `math.inf`: soon,
+    # no time given). Until then its workers leave and it gets no new ones.
+    leaving_at: float | None = None
+
+
+_NOTICE = re.compile(r"(?P<entry>.*?)\s+leaving(?:=(?P<when>\S*))?")
+
+
+def split_notice(line: str, where: str) -> tuple[str, float | None]:
+    """A discovery line's host entry and its notice: `host:slots leaving` (the host is being
+    taken away, no time known: `math.inf`) or `host:slots leaving=T` (it goes at T: Unix
+    seconds, or ISO 8601 with a zone, `2026-11-24T08:00:00Z`); None without one. Raises
+    `UsageError` naming `where` for a time that is neither."""
+    match = _NOTICE.fullmatch(line.strip())
+    if match is None:
+        return line, None
+    when = match.group("when")
+    if when is None:
+        return match.group("entry"), math.inf
+    try:
+        at = parse_notice_time(when)
+    except ValueError as err:
+        raise UsageError(f"{where}: notice time {err}") from None
+    return match.group("entry"), at
 
 
 def parse_host_entry(entry: str, where: str) -> HostSpec:
@@ -83,13 +109,18 @@ def parse_host_list(text: str) -> list[HostSpec]:
     return merge_hosts([parse_host_entry(e, "-H") for e in entries], "-H")
 
 
-def parse_host_lines(text: str, where: str) -> list[HostSpec]:
-    """Parse one host entry per line; blank lines and `#` comments are ignored."""
+def parse_host_lines(text: str, where: str, notices: bool = False) -> list[HostSpec]:
+    """Parse one host entry per line; blank lines and `#` comments are ignored. `notices`
+    (discovery output): a line may end with a preemption notice (`split_notice`)."""
     specs = []
     for number, line in enumerate(text.splitlines(), start=1):
         line = line.split("#", 1)[0].strip()
-        if line:
-            specs.append(parse_host_entry(line, f"{where} line {number}"))
+        if not line:
+            continue
+        here = f"{where} line {number}"
+        entry, leaving_at = split_notice(line, here) if notices else (line, None)
+        spec = parse_host_entry(entry, here)
+        specs.append(replace(spec, leaving_at=leaving_at) if leaving_at is not None else spec)
     return merge_hosts(specs, where)
 
 

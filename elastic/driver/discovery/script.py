@@ -1,7 +1,8 @@
 """Discovery by a user's script (`--host-discovery-script`), as in horovodrun.
 
 The script prints the available hosts, one a line: `hostname` or `hostname:slots` (blank lines
-and `#` comments are ignored; IPv6 addresses in brackets: `[fd00::1]:4`). A host printed
+and `#` comments are ignored; IPv6 addresses in brackets: `[fd00::1]:4`), optionally followed
+by a preemption notice, ` leaving` or ` leaving=T` (`hosts.split_notice`). A host printed
 without a slot count gets `default_slots` (`--slots-per-host`), or 1 when that is not given;
 a count above `MAX_SLOTS_PER_HOST` fails the run like any malformed line.
 The script runs with the driver's environment and working directory, without a shell, in its
@@ -16,9 +17,15 @@ import errno
 import os
 import shutil
 import signal
+from dataclasses import replace
 
 from elastic.driver.discovery.base import DiscoveryError, HostDiscovery
-from elastic.driver.discovery.hosts import MAX_SLOTS_PER_HOST, HostSpec, parse_host_lines
+from elastic.driver.discovery.hosts import (
+    MAX_SLOTS_PER_HOST,
+    HostSpec,
+    parse_host_lines,
+    split_notice,
+)
 from elastic.driver.errors import UsageError
 
 _MAX_STDERR_LINE = 300
@@ -128,16 +135,19 @@ class ScriptDiscovery(HostDiscovery):
 
     def _parse(self, text: str) -> list[HostSpec]:
         try:
-            specs = parse_host_lines(text, f"discovery script {self.path} output")
+            where = f"discovery script {self.path} output"
+            specs = parse_host_lines(text, where, notices=True)
         except UsageError as err:
             raise DiscoveryError(str(err)) from None
         if self.default_slots is None:
             return specs
-        # A line that is just the host's name (bracketed for IPv6) gave no slot count. Names
-        # are unique (parse_host_lines rejects repeats), so a name identifies its line.
-        bare = {line.split("#", 1)[0].strip().strip("[]") for line in text.splitlines()}
+        # A line that is just the host's name (bracketed for IPv6; a notice may follow) gave
+        # no slot count. Names are unique (parse_host_lines rejects repeats), so a name
+        # identifies its line.
+        entries = (split_notice(line.split("#", 1)[0], where)[0] for line in text.splitlines())
+        bare = {entry.strip().strip("[]") for entry in entries}
         return [
-            HostSpec(spec.hostname, self.default_slots) if spec.hostname in bare else spec
+            replace(spec, slots=self.default_slots) if spec.hostname in bare else spec
             for spec in specs
         ]
 

@@ -9,7 +9,8 @@ Rules:
 * A failed discovery keeps the last good host list. Its error is returned for logging only
   when its message differs from the previous failure's, so a script that keeps failing the
   same way logs one line, not one per poll; the first success after failures says so once.
-* A host is usable when the last good list has it and it is not in cooldown.
+* A host is usable when the last good list has it, it is not in cooldown, and it carries no
+  preemption notice whose time is still ahead (`HostSpec.leaving_at`; `leaving` says which).
 * Order: usable hosts are ordered by when they last became usable, earliest first; hosts that
   became usable at the same call keep the order the source gave. A host keeps its place while
   it stays usable, whatever order later results give, so ranks of long-lived hosts stay low.
@@ -20,6 +21,7 @@ Rules:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -59,6 +61,7 @@ class HostTracker:
         self._since: dict[str, int] = {}  # usable host -> when it became usable (a counter)
         self._counter = 0
         self._version = 0
+        self._notices: dict[str, float] = {}  # host -> when it goes, from workers' checks
 
     @property
     def hosts(self) -> tuple[HostSpec, ...]:
@@ -117,19 +120,38 @@ class HostTracker:
         """Bring back hosts whose cooldown has ended by `now`."""
         return TrackerUpdate(change=self._recompute(now))
 
+    def leaving(self, now: float) -> dict[str, float]:
+        """Discovered hosts under a preemption notice (discovery's, or a worker's check's:
+        `noticed`) whose time is still ahead of `now`, with that time (`math.inf`: none
+        given; the later one where both gave one)."""
+        found = {
+            spec.hostname: max(spec.leaving_at or 0.0, self._notices.get(spec.hostname, 0.0))
+            for spec in self._discovered
+        }
+        return {name: at for name, at in found.items() if at > now}
+
+    def noticed(self, hostname: str, at: float, now: float) -> TrackerUpdate:
+        """A worker's preemption check says `hostname` goes at `at` (this tracker's clock)."""
+        self._notices[hostname] = max(at, self._notices.get(hostname, 0.0))
+        return TrackerUpdate(change=self._recompute(now))
+
     def next_expiry(self, now: float) -> float | None:
-        """The earliest time after `now` at which a discovered host leaves cooldown (call
-        `refresh` then); None if no discovered host is in cooldown."""
+        """The earliest time after `now` at which a discovered host leaves cooldown, or its
+        notice's time passes (call `refresh` then); None if there is no such time."""
         ends = [
             end
             for spec in self._discovered
             if (end := self.cooldown.until(spec.hostname)) is not None and end > now
         ]
+        ends += [at for at in self.leaving(now).values() if math.isfinite(at)]
         return min(ends, default=None)
 
     def _recompute(self, now: float) -> HostChange | None:
+        leaving = self.leaving(now)
         candidates = [
-            spec for spec in self._discovered if not self.cooldown.in_cooldown(spec.hostname, now)
+            spec
+            for spec in self._discovered
+            if not self.cooldown.in_cooldown(spec.hostname, now) and spec.hostname not in leaving
         ]
         names = {spec.hostname for spec in candidates}
         self._since = {name: when for name, when in self._since.items() if name in names}

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from elastic.driver.discovery.base import DiscoveryError, HostDiscovery
 from elastic.driver.discovery.hosts import HostSpec
@@ -84,10 +87,33 @@ class HostWatcher:
                 log.error("host discovery failed, keeping the last good hosts: %s", update.error)
         else:
             await self._access.learn(h.hostname for h in hosts)  # DNS, off the event loop
-            update = self.tracker.discovered(hosts, self._clock())
+            now = self._clock()
+            # Notices carry Unix times; the tracker runs on the driver's clock.
+            offset = now - time.time()
+            hosts = [
+                replace(h, leaving_at=h.leaving_at + offset) if h.leaving_at is not None else h
+                for h in hosts
+            ]
+            self._say_notices(hosts, now)
+            update = self.tracker.discovered(hosts, now)
             if update.recovered:
                 log.warning("host discovery works again")
         return update
+
+    def _say_notices(self, hosts: list[HostSpec], now: float) -> None:
+        """One line per host the first time discovery gives it a notice."""
+        before = self.tracker.leaving(now)
+        for host in hosts:
+            if host.leaving_at is not None and host.hostname not in before:
+                _say_notice(host.hostname, host.leaving_at, now, "discovery's notice")
+
+    def host_noticed(self, hostname: str, leaving_at: float) -> None:
+        """A worker's preemption check says `hostname` goes at `leaving_at` (Unix seconds)."""
+        now = self._clock()
+        at = leaving_at + now - time.time()  # on the driver's clock
+        if hostname not in self.tracker.leaving(now):
+            _say_notice(hostname, at, now, "its preemption check")
+        self._report(self.tracker.noticed(hostname, at, now))
 
     def host_failed(self, hostname: str, reason: str) -> None:
         update = self.tracker.host_failed(hostname, self._clock())
@@ -101,3 +127,16 @@ class HostWatcher:
     def _report(self, update: TrackerUpdate) -> None:
         if update.change is not None:
             self._reports.put_nowait(HostsChanged(update.change))
+
+
+def _say_notice(hostname: str, at: float, now: float, source: str) -> None:
+    if at <= now:
+        return
+    when = f"in {at - now:.0f} s" if math.isfinite(at) else "soon"
+    log.warning(
+        "host %s leaves %s (%s): its workers leave at their next step, and it gets no new "
+        "ones until then",
+        hostname,
+        when,
+        source,
+    )

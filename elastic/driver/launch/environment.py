@@ -52,5 +52,7 @@ class WorkerEnvironments:
             driver_wait=settings.backend.driver_wait,
             slot=slot,
             checkpoint=settings.checkpoint,
+            preemption_check=settings.preemption_check,
+            preemption_check_interval=settings.preemption_check_interval,
         )
         return {**self._inherited, **environment.to_env(), **self._last}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
@@ -77,7 +78,8 @@ class RoundKeeper:
 
     def form(self, members: list[str], update_version: int, why: str) -> int:
         """Form the next round with `members`, in rank order; tell the previous members'
-        live ones (`HostsUpdated` numbered `update_version`); return its number."""
+        live ones (`HostsUpdated` numbered `update_version`; to those not in the new round,
+        with `leave` set); return its number."""
         workers = self._workers
         previous = self.rendezvous.members
         number = self.rendezvous.form([(w, workers[w].hostname) for w in members])
@@ -94,7 +96,9 @@ class RoundKeeper:
             broken_reason=held.reason if held is not None else "",
         )
         told = [w for w in previous if workers[w].state.alive]
-        self._channels.send(update, told)
+        self._channels.send(update, [w for w in told if w in after])
+        if let_go := [w for w in told if w not in after]:  # they leave at a step boundary
+            self._channels.send(dataclasses.replace(update, leave=True), let_go)
         if held is not None:  # joiners and older rounds' leavers: the word on its own
             heard = set(told)
             self._channels.send(held, [w for w in self._alive() if w not in heard])
