@@ -263,6 +263,10 @@ class DurableWriter:
         return not self.busy
 
     def _write(self, commit: int, payload: Any, done: Callable[[], None] | None) -> None:
+        # The lowest CPU priority for this thread (Linux nices threads one by one): where
+        # training keeps every core busy, the write waits for idle time, not the step.
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         started = time.monotonic()
         try:
             size = self.directory.write(commit, payload)
