@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RunningJob, pids_alive, write_script
+from tests.leaving import assert_left_at_a_step_and_got_no_successor
 
 JOB = Path(__file__).parent / "workers" / "elastic_job.py"
 HOSTS_FILE_SCRIPT = Path(__file__).parent.parent / "discovery_scripts" / "hosts_file.sh"
@@ -222,15 +223,7 @@ def test_a_discovery_notice_makes_the_host_s_worker_leave_at_a_step_and_get_no_s
     )
     job.wait_for(r"step 4 epoch 0 size 3")
     write_hosts(hosts, f"localhost:2\n127.0.0.1:1 leaving={time.time() + 120:.0f}\n")
-    job.wait_for(r"host 127\.0\.0\.1 leaves in \d+ s \(discovery's notice\)", timeout=10)
-    first_small = int(job.wait_for(r"step (\d+) epoch 0 size 2", timeout=30).group(1))
-    steps_at_3 = [int(n) for n in re.findall(r"step (\d+) epoch \d+ size 3", job.output)]
-    assert max(steps_at_3) < 12, "it left at a step boundary, not at the epoch's commit"
-    assert first_small == max(steps_at_3) + 1, "nothing rolled back, nothing skipped"
-    assert job.finish(90) == 0, job.output
-    launches = job.output.split("discovery's notice", 1)[1]
-    assert not re.search(r"launched \d+ worker\(s\) on 127\.0\.0\.1", launches)
-    assert "restoring the last commit" not in job.output
+    assert_left_at_a_step_and_got_no_successor(job, "discovery's notice", "127.0.0.1")
     assert assert_exactly_once(tmp_path)["size"] == 2
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from elastic.worker.preemption import PreemptionWatch
+from tests.leaving import assert_left_at_a_step_and_got_no_successor
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "discovery_scripts"
 AWS_CHECK = SCRIPTS / "aws_spot_check.py"
@@ -230,13 +230,6 @@ def test_a_host_s_check_makes_its_worker_leave_at_a_step_and_get_no_successor(
     )  # fmt: skip
     job.wait_for(r"step 4 epoch 0 size 3")
     metadata.aws_action = {"action": "terminate", "time": "2099-01-01T00:00:00Z"}
-    job.wait_for(r"host 127\.0\.0\.1 leaves in \d+ s \(its preemption check\)", timeout=10)
-    first_small = int(job.wait_for(r"step (\d+) epoch 0 size 2", timeout=30).group(1))
-    steps_at_3 = [int(n) for n in re.findall(r"step (\d+) epoch \d+ size 3", job.output)]
-    assert max(steps_at_3) < 12, "it left at a step boundary, not at the epoch's commit"
-    assert first_small == max(steps_at_3) + 1, "nothing rolled back, nothing skipped"
-    assert job.finish(90) == 0, job.output
-    after = job.output.split("its preemption check", 1)[1]
-    assert not re.search(r"launched \d+ worker\(s\) on 127\.0\.0\.1", after)
+    assert_left_at_a_step_and_got_no_successor(job, "its preemption check", "127.0.0.1")
     result = json.loads((tmp_path / "result.json").read_text())
     assert set(result["counts"]) == {2.0} and result["size"] == 2
