@@ -35,7 +35,6 @@ from torch import nn  # noqa: E402
 from bench.provenance import git_state, load_averages  # noqa: E402
 from elastic.protocol.http import SlotInfo  # noqa: E402
 from elastic.state import TorchState  # noqa: E402
-from elastic.state.durable import CheckpointDir  # noqa: E402
 from elastic.worker import context  # noqa: E402
 
 MODES = ("no commits", "in-memory commits", "durable commits")
@@ -107,7 +106,6 @@ def run_mode(
     if state.durable is not None:
         waited = time.perf_counter()
         state.durable.wait(600)
-        checkpoints = CheckpointDir(state.durable.directory.url)
         record.update(
             commits=state.commit_count,
             writes_started=state.durable.started,
@@ -116,7 +114,7 @@ def run_mode(
             checkpoint_bytes=sum(
                 os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory)
             ),
-            kept=checkpoints.commits(),
+            kept=state.durable.directory.commits(),
             stale=state.durable.stale,
         )
     return record

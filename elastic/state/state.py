@@ -117,13 +117,9 @@ class State:
 
     def prepare_to_reform(self) -> None:
         """Run on every rank, in the round that ends, once all agreed to re-form (at a commit,
-        or at a step when a member leaves): what only some ranks know (samples recorded with
-        `record_indices`) is merged while the old group still works. A collective."""
-        self._before_hosts_update()
-
-    def _before_hosts_update(self) -> None:
-        """Hook run on every rank, while the old epoch's group still works, once all agreed to
-        raise `HostsUpdatedInterrupt`; may use collectives (their `RuntimeError` propagates)."""
+        or at a step when a member leaves), while the old group still works: subclasses merge
+        what only some ranks know (samples recorded with `record_indices`). May use
+        collectives (their `RuntimeError` propagates)."""
 
     @property
     def durable(self) -> DurableWriter | None:

@@ -297,7 +297,7 @@ class TorchState(ObjectState):
             for handler in self._handlers.values()
         )
 
-    def _before_hosts_update(self) -> None:
+    def prepare_to_reform(self) -> None:
         for handler in self._handlers.values():
             if isinstance(handler, _SamplerHandler):
                 handler.merge(0)  # every rank is at the same commit, so in the same epoch
