@@ -269,6 +269,16 @@ def test_workers_on_a_removed_host_leave_and_those_in_cooldown_stay() -> None:
     assert decision.reason == "host(s) b removed by discovery"
 
 
+def test_workers_on_a_noticed_host_leave_saying_it_is_about_to_be_preempted() -> None:
+    workers = (worker("r0", M, host="a"), worker("r1", M, host="b"), worker("r2", M, host="c"))
+    decision = hosts_removed(view(*workers), ["b"], discovered={"a", "c"}, noticed={"b": 9.0})
+    assert decision.actions == (AskToLeave("r1", "host b is about to be preempted (notice)"),)
+    assert decision.reason == "host(s) b about to be preempted (notice)"
+    both = hosts_removed(view(*workers), ["b", "c"], discovered={"a"}, noticed={"b": 9.0})
+    assert both.reason == "host(s) b, c removed by discovery"
+    assert both.actions[1] == AskToLeave("r2", "host c was removed by discovery")
+
+
 def test_workers_beyond_a_shrunk_hosts_slots_leave_and_the_others_stay() -> None:
     workers = (
         worker("a0", M, host="a"), worker("a1", M, host="a", slot=1),

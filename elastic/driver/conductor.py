@@ -149,7 +149,8 @@ class Conductor:
             tracker = self._watcher.tracker
             noticed = tracker.leaving(self._clock())  # offered, but about to be taken away
             discovered = {h.hostname for h in tracker.discovered_hosts} - noticed.keys()
-            self.apply(policy.hosts_removed(self.view(), report.change.removed, discovered))
+            removed = report.change.removed
+            self.apply(policy.hosts_removed(self.view(), removed, discovered, noticed))
             resized = {h.hostname: h.slots for h in report.change.hosts}
             slots = {name: resized[name] for name in report.change.resized}
             self.apply(policy.hosts_resized(self.view(), slots))

@@ -454,11 +454,25 @@ def fill_slots(view: JobView, hosts: Sequence[HostSpec]) -> Decision:
     return Decision((Launch(tuple(places)),), f"{len(places)} free slot(s) to fill")
 
 
-def hosts_removed(view: JobView, removed: Sequence[str], discovered: Set[str]) -> Decision:
+def hosts_removed(
+    view: JobView,
+    removed: Sequence[str],
+    discovered: Set[str],
+    noticed: Mapping[str, float] | None = None,
+) -> Decision:
     """Workers on a host that discovery no longer offers leave the job (no rollback, no
-    cooldown); a host merely in cooldown (still `discovered`) keeps its live workers."""
+    cooldown); a host merely in cooldown (still `discovered`) keeps its live workers. A host
+    in `noticed` (hostname -> when it goes, on the driver's clock) is offered but about to go:
+    the reason says so."""
+    noticed = noticed or {}
+
+    def why(hostname: str) -> str:
+        if hostname in noticed:
+            return f"host {hostname} is about to be preempted (notice)"
+        return f"host {hostname} was removed by discovery"
+
     actions = tuple(
-        AskToLeave(worker.worker_id, f"host {hostname} was removed by discovery")
+        AskToLeave(worker.worker_id, why(hostname))
         for hostname in removed
         if hostname not in discovered
         for worker in view.workers.values()
@@ -466,8 +480,10 @@ def hosts_removed(view: JobView, removed: Sequence[str], discovered: Set[str]) -
     )
     if not actions:
         return NOTHING
-    gone = ", ".join(h for h in removed if h not in discovered)
-    return Decision(actions, f"host(s) {gone} removed by discovery")
+    gone = [h for h in removed if h not in discovered]
+    if all(h in noticed for h in gone):
+        return Decision(actions, f"host(s) {', '.join(gone)} about to be preempted (notice)")
+    return Decision(actions, f"host(s) {', '.join(gone)} removed by discovery")
 
 
 def hosts_resized(view: JobView, slots: Mapping[str, int]) -> Decision:
