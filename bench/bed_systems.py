@@ -26,6 +26,7 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.elastic_recovery import (
@@ -108,46 +109,100 @@ def this_checkout(env: dict[str, str]) -> dict[str, str]:
 
 
 class ElasticrunOnBed:
-    """elasticrun's driver in the root namespace; the bed's hosts from a discovery file."""
+    """elasticrun's driver in the root namespace; the bed's hosts from a discovery file.
 
-    def __init__(self, bed: Bed, folder: Path, out: Output, settings: argparse.Namespace):
+    `hosts` are those offered at the start (default: all), `flags` go to elasticrun before the
+    command, `workload` after the workload's own arguments (a later flag wins)."""
+
+    def __init__(
+        self,
+        bed: Bed,
+        folder: Path,
+        out: Output,
+        settings: argparse.Namespace,
+        *,
+        hosts: Sequence[str] = (),
+        flags: Sequence[str] = (),
+        workload: Sequence[str] = (),
+    ):
         self.bed, self.folder, self.out = bed, folder, out
         self.launchers: list[Launcher] = []  # every process started, to stop
         self.agents = self.launchers  # those whose exit ends a wait
         self.commands: dict[str, str] = {}
+        self.offered: dict[str, float | None] = {  # host -> when it goes (a notice), if known
+            name: None for name in (hosts or [host.name for host in bed.hosts])
+        }
+        self.flags, self.workload = list(flags), list(workload)
+        self.hosts_file = folder / "hosts"
+
+    def _offer(self) -> list[str]:
+        lines = []
+        for name, leaving in self.offered.items():
+            notice = "" if leaving is None else f" leaving={leaving:.3f}"
+            lines.append(f"{self.bed.address(name)}:1{notice}")
+        write_hosts(self.hosts_file, lines)
+        return lines
 
     def start(self) -> None:
-        hosts = self.folder / "hosts"
-        lines = [f"{host.address}:1" for host in self.bed.hosts]
-        write_hosts(hosts, lines)
-        env = this_checkout(dict(make_systems()["elasticrun"].env, ELASTIC_HOSTS_FILE=str(hosts)))
+        lines = self._offer()
+        env = dict(make_systems()["elasticrun"].env, ELASTIC_HOSTS_FILE=str(self.hosts_file))
+        env = this_checkout(env)
         low, high = COOLDOWN
         cmd = [
             *_elasticrun_exe(),
-            "-np", str(HOSTS), "--min-np", "1", "--max-np", str(HOSTS),
+            "-np", str(len(self.offered)), "--min-np", "1", "--max-np", str(len(self.bed.hosts)),
             "--host-discovery-script", str(HOSTS_FILE_SCRIPT),
             "--discovery-interval", str(DISCOVERY_INTERVAL),
             "--heartbeat-interval", str(HEARTBEAT),
             "--blacklist-cooldown-range", str(low), str(high),
             "--start-timeout", str(START_TIMEOUT),
-            *self.bed.ssh_args(),
-            sys.executable, str(ELASTIC_WORKLOAD), *worker_args(self.folder, WORKER_MAX_SECONDS),
+            *self.bed.ssh_args(), *self.flags,
+            sys.executable, str(ELASTIC_WORKLOAD),
+            *worker_args(self.folder, WORKER_MAX_SECONDS), *self.workload,
         ]  # fmt: skip
         self.launchers.append(Launcher("elasticrun", cmd, env, self.out, ROOT))
         self.commands = {
-            "launch": f"OMP_NUM_THREADS=1 ELASTIC_HOSTS_FILE={hosts} {' '.join(cmd)}",
+            "launch": f"OMP_NUM_THREADS=1 ELASTIC_HOSTS_FILE={self.hosts_file} {' '.join(cmd)}",
             "hosts file": ", ".join(lines),
         }
 
+    def host_noticed(self, host: str, leaving_at: float) -> None:
+        """The cloud announced `host`'s reclaim at `leaving_at` (Unix time): its discovery
+        line says so."""
+        self.offered[host] = leaving_at
+        self._offer()
+
+    def host_gone(self, host: str) -> None:
+        """`host` was reclaimed: discovery no longer lists it."""
+        self.offered.pop(host, None)
+        self._offer()
+
     def host_returned(self, host: str) -> None:
-        """Nothing to do: the host never left the discovery file."""
+        """`host` is (back) in discovery, without a notice; nothing changes for a host that
+        never left it."""
+        if self.offered.get(host, "absent") is not None:
+            self.offered[host] = None
+            self._offer()
 
 
 class TorchrunOnBed:
     """A rendezvous store in the root namespace, then one torchrun agent per bed host."""
 
-    def __init__(self, bed: Bed, folder: Path, out: Output, settings: argparse.Namespace):
+    def __init__(
+        self,
+        bed: Bed,
+        folder: Path,
+        out: Output,
+        settings: argparse.Namespace,
+        *,
+        hosts: Sequence[str] = (),
+        workload: Sequence[str] = (),
+    ):
+        """`hosts` get an agent at the start (default: all); `workload` goes after the
+        workload's own arguments (a later flag wins)."""
         self.bed, self.folder, self.out = bed, folder, out
+        self.hosts = list(hosts) or [host.name for host in bed.hosts]
+        self.workload = list(workload)
         self.pg_timeout = settings.torchrun_pg_timeout
         # torchrun's temporary folders in the trial's folder; Gloo on the bed's wire.
         tuned = make_systems()["torchrun_tuned"].env
@@ -171,8 +226,8 @@ class TorchrunOnBed:
             [store],
         )
         self.endpoint = f"{self.bed.driver_address}:{serving[1]}"
-        for host in self.bed.hosts:
-            self._start_agent(host.name)
+        for host in self.hosts:
+            self._start_agent(host)
         self.commands = {
             "rendezvous store (root namespace)": " ".join(store_cmd),
             "agent (in each host's namespace, HOST = its address)": (
@@ -185,12 +240,13 @@ class TorchrunOnBed:
         extra = [] if self.pg_timeout == 0 else ["--pg-timeout", f"{self.pg_timeout:g}"]
         return [
             *_torchrun_exe(),
-            f"--nnodes=1:{HOSTS}", "--nproc-per-node=1",
+            f"--nnodes=1:{len(self.bed.hosts)}", "--nproc-per-node=1",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.run_id}",
             "--max-restarts=1000", f"--local-addr={address}",
             f"--rdzv-conf={TUNED_RDZV_CONF},{RDZV_ON_BED}",
             f"--monitor-interval={TUNED_MONITOR_INTERVAL}",
             str(TORCHRUN_WORKLOAD), *worker_args(self.folder, WORKER_MAX_SECONDS), *extra,
+            *self.workload,
         ]  # fmt: skip
 
     def _start_agent(self, host: str) -> None:
@@ -201,6 +257,12 @@ class TorchrunOnBed:
         agent = Launcher(name, cmd, self.env, self.out, ROOT, start=start)
         self.agents.append(agent)
         self.launchers.append(agent)
+
+    def host_noticed(self, host: str, leaving_at: float) -> None:
+        """Nothing: torchrun has no use for a notice."""
+
+    def host_gone(self, host: str) -> None:
+        """Nothing: the agent went with its host."""
 
     def host_returned(self, host: str) -> None:
         """A returned host's service manager starts its agent again."""

@@ -4,7 +4,9 @@ Both train the same small MLP (64 -> 768 -> 768 -> 768 -> 1, ~1.2M parameters) o
 synthetic regression data with plain SGD, `BATCH` samples per rank and step (about 20 ms of
 forward + backward + update on one thread of this machine's CPUs), and commit
 (`tiny_elastic.py`: `state.commit()`, in memory) or checkpoint (`tiny_torchrun.py`: rank 0
-writes a file) every `--commit-every` steps. Every rank prints one line per step:
+writes a file) every `--commit-every` steps; with `--compute-s S`, each step first sleeps S
+seconds, as if an accelerator computed meanwhile, so that hosts sharing this machine's CPUs
+still train about as fast each as alone (bench/goodput.py). Every rank prints one line per step:
 
     step S size N rank R pid P t T
 
@@ -38,6 +40,13 @@ def arg_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--commit-every", type=int, default=5)
     parser.add_argument("--samples", type=int, default=SAMPLES)
     parser.add_argument("--max-seconds", type=float, default=300.0, help="safety: exit after")
+    parser.add_argument(
+        "--compute-s",
+        type=float,
+        default=0.0,
+        help="seconds each step also waits before its forward pass, standing in for an "
+        "accelerator's compute (the goodput benchmark's; default 0)",
+    )
     return parser
 
 

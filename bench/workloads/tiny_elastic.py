@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 
 if not __package__:  # run as a script: make `bench` importable
@@ -69,6 +70,7 @@ def main() -> None:
             steps = len(state.sampler.remaining_indices) // (BATCH * hvd.size())
             for k in range(steps):
                 idx = mine[k * BATCH : (k + 1) * BATCH]
+                time.sleep(args.compute_s)
                 optimizer.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(features[idx]), targets[idx])
                 loss.backward()

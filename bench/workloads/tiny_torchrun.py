@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -81,6 +82,7 @@ def main() -> None:
         steps = len(mine) // BATCH
         for k in range(batch_in_epoch, steps):  # a resumed epoch skips the batches done
             idx = mine[k * BATCH : (k + 1) * BATCH]
+            time.sleep(args.compute_s)
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(ddp(features[idx]), targets[idx])
             loss.backward()
