@@ -31,7 +31,8 @@ TOKEN = "beats-token"
 
 
 def test_frames_read_back_as_written_whole_or_in_pieces() -> None:
-    stream = hello_frame(TOKEN, "h1[0]#1") + beat_frame(3, 41) + refused_frame("NOT_FOUND", "x")
+    stream = hello_frame(TOKEN, "h1[0]#1") + beat_frame(3, 41, 40, True)
+    stream += refused_frame("NOT_FOUND", "x")
     buffer = bytearray()
     bodies: list[bytes] = []
     for byte in stream:  # TCP may cut anywhere
@@ -40,7 +41,7 @@ def test_frames_read_back_as_written_whole_or_in_pieces() -> None:
     assert buffer == b""
     hello, beat, refused = bodies
     assert parse_hello(hello) == (TOKEN, "h1[0]#1")
-    assert parse_beat(beat) == (3, 41)
+    assert parse_beat(beat) == (3, 41, 40, True)
     assert parse_refused(refused) == ("NOT_FOUND", "x")
 
 
@@ -113,9 +114,9 @@ def test_a_sender_beats_where_it_is_aimed_and_stops_promptly(driver: Driver) -> 
         assert driver.listener.of("heartbeat", "w1") == [], "no beat before a target is known"
         sender.sender.aim(BeatTarget("127.0.0.1", driver.server.port))
         driver.listener.wait_for("heartbeat", "w1", count=3)
-        sender.progress = (4, 9)
+        sender.progress = (4, 9, 5, True)  # round, commit, durable commit, stale
         wait = len(driver.listener.of("heartbeat", "w1")) + 2
-        assert driver.listener.wait_for("heartbeat", "w1", count=wait)[-1][2:4] == (4, 9)
+        assert driver.listener.wait_for("heartbeat", "w1", count=wait)[-1][2:6] == (4, 9, 5, True)
     finally:
         assert sender.close() < 1.0
 

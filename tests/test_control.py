@@ -72,10 +72,12 @@ class RecordingListener:
         self._record("registered", worker_id, pid)
         return worker_id not in self.unknown
 
-    def heartbeat(self, worker_id: str, epoch: int, commit: int = 0) -> bool:
+    def heartbeat(
+        self, worker_id: str, epoch: int, commit: int = 0, durable: int = 0, stale: bool = False
+    ) -> bool:
         if self.fail_heartbeats:
             raise RuntimeError("listener bug")
-        self._record("heartbeat", worker_id, epoch, commit)
+        self._record("heartbeat", worker_id, epoch, commit, durable, stale)
         return worker_id not in self.unknown
 
     def leave(self, worker_id: str, reason: str, commit: int) -> bool:

@@ -12,7 +12,7 @@ from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.server.app import create_app
 from elastic.driver.server.services import Services
 from elastic.driver.server.status import describe_job
-from elastic.protocol.http import DecisionRecord, HostStatus, JobStatus
+from elastic.protocol.http import DecisionRecord, DurableStatus, HostStatus, JobStatus
 from tests.policy_views import F, L, M, worker
 
 TOKEN = "s3cret-token-value"
@@ -49,6 +49,23 @@ def test_members_have_their_ranks_and_other_workers_none() -> None:
     ]
     assert [(w.pid, w.exit_code) for w in status.workers][:2] == [(10, 9), (11, None)]
     assert status.hosts == [HostStatus(hostname="a", slots=2), HostStatus(hostname="b", slots=1)]
+
+
+def test_durable_commits_show_the_newest_written_and_a_stale_copy_of_live_workers() -> None:
+    rendezvous = Rendezvous()
+    rendezvous.form([("w#1", "a")])
+    writer, dead = worker("w#1", M, pid=11), worker("w#0", F, exit_code=9, pid=10)
+    assert describe_job("j", rendezvous, [dead, writer], HOSTS, []).durable is None
+    with_dir = describe_job("j", rendezvous, [dead, writer], HOSTS, [], checkpoint_dir="/c")
+    assert with_dir.durable == DurableStatus(newest=0, stale=False)
+    dead.durable, dead.durable_stale = 40, True  # a failed worker's last word no longer holds
+    writer.durable = 30
+    assert describe_job("j", rendezvous, [dead, writer], HOSTS, []).durable == DurableStatus(
+        newest=40, stale=False
+    )
+    writer.durable_stale = True
+    status = describe_job("j", rendezvous, [dead, writer], HOSTS, [], checkpoint_dir="/c")
+    assert status.durable == DurableStatus(newest=40, stale=True)
 
 
 def test_decisions_are_listed_in_order_with_their_reasons() -> None:

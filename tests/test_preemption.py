@@ -202,6 +202,22 @@ def test_the_watch_calls_back_once_with_the_time() -> None:
     assert got == [1795500000.0]
 
 
+def test_the_watch_stops_checking_once_its_worker_leaves(tmp_path: Path) -> None:
+    """The stop event is the control client's `closed` (set by `hvd.shutdown()`)."""
+    runs = tmp_path / "runs"
+    stop = threading.Event()
+    thread = PreemptionWatch(f"echo run >> {runs}", 0.05, lambda at: None, stop).start()
+    deadline = time.monotonic() + 10
+    while (not runs.exists() or len(runs.read_text().split()) < 2) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stop.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    seen = runs.read_text()
+    time.sleep(0.3)
+    assert runs.read_text() == seen, "no check runs after the stop"
+
+
 # --- a real job -----------------------------------------------------------------------------
 
 JOB = Path(__file__).parent / "workers" / "elastic_job.py"

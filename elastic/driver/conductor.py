@@ -27,6 +27,7 @@ from elastic.driver.policy.rounds import Decision, JobView, Phase
 from elastic.driver.rendezvous.keeper import RoundKeeper
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.reports import (
+    DurableStale,
     Heard,
     HostNoticed,
     HostsChanged,
@@ -143,6 +144,8 @@ class Conductor:
             if report.round not in self._keys_lost:
                 self._keys_lost.add(report.round)
                 self.apply(on_workers.keys_lost(self.view(), report.round))
+        elif isinstance(report, DurableStale):
+            self._on_durable(report)
         elif isinstance(report, HostNoticed):
             self._watcher.host_noticed(report.hostname, report.leaving_at)
         elif isinstance(report, HostsChanged):
@@ -157,6 +160,21 @@ class Conductor:
             if report.change.added:
                 log.info("hosts available: %s", ", ".join(report.change.added))
             self._scale()
+
+    def _on_durable(self, report: DurableStale) -> None:
+        """Say, once per change, that the durable copy lags or is written again."""
+        worker = self._workers[report.worker_id]
+        newest = report.written or "none"
+        if report.stale:
+            log.warning(
+                "the durable copy is stale: worker %s on %s failed to write a durable commit "
+                "(newest written: %s; its log says why); training goes on",
+                worker.worker_id,
+                worker.hostname,
+                newest,
+            )
+        else:
+            log.info("durable commits are written again (newest: %s)", newest)
 
     def _scale(self) -> int:
         """Launch workers on free slots of usable hosts (`fill_slots`); return how many."""

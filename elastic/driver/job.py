@@ -356,4 +356,5 @@ class Job:
             self._workers.values(),
             hosts,
             self._conductor.decisions,
+            self.settings.checkpoint.directory,
         )

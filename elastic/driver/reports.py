@@ -98,6 +98,16 @@ class HostNoticed:
 
 
 @dataclass(frozen=True)
+class DurableStale:
+    """The worker that writes durable commits says its last write failed (`stale`) or that
+    one succeeded again; `written` is the newest commit it wrote (0: none)."""
+
+    worker_id: str
+    stale: bool
+    written: int
+
+
+@dataclass(frozen=True)
 class HostsChanged:
     """Discovery or a cooldown changed the usable hosts."""
 
@@ -115,6 +125,7 @@ Report = (
     | PeersUnreachable
     | KeysLost
     | HostNoticed
+    | DurableStale
     | HostsChanged
 )
 Reports = asyncio.Queue[Report]

@@ -47,6 +47,8 @@ class Worker:
     log_dir: str | None = None  # a detached worker's output and exit status
     offsets: dict[str, int] = field(default_factory=dict)  # output shown so far, per stream
     commit: int = 0  # the state commits it has made, as its last heartbeat or join said
+    durable: int = 0  # the newest commit it wrote to --checkpoint-dir (its heartbeats say)
+    durable_stale: bool = False  # its last durable write failed (its heartbeats say)
     handing_over: bool = False  # LEAVING, but the only holder of the newest commit: a member
     # until another member reports holding that commit
     leave_reason: str = ""  # why it leaves, while `handing_over`

@@ -2,7 +2,8 @@
 driver serves TLS) to the port the driver announces on each event stream it accepts.
 
 A worker connects, sends one HELLO (the job token and its worker id), then one BEAT (round,
-commit count) every heartbeat interval. The driver never answers a beat it takes; it answers
+commit count, newest durable commit it wrote, whether its durable copy is stale) every
+heartbeat interval. The driver never answers a beat it takes; it answers
 a beat or hello it refuses with one REFUSED frame (a status name, as gRPC's, and details) and
 closes the connection: `NOT_FOUND` means the driver counts the worker out. Every frame is a
 2-byte big-endian length, then a body whose first byte says its kind.
@@ -26,7 +27,7 @@ MAX_FRAME = 4096  # bytes in one body, at most: a hello is a token and an id
 BEAT_PORT_KEY = "elastic-beat-port"  # the event stream's response header naming the port
 
 _LENGTH = struct.Struct("!H")  # before a frame, and before each string in a frame
-_BEAT = struct.Struct("!HBqq")  # length, kind, round, commit: a whole beat frame
+_BEAT = struct.Struct("!HBqqq?")  # length, kind, round, commit, durable, stale: a whole beat
 _BEAT_BODY_LENGTH = _BEAT.size - _LENGTH.size
 
 
@@ -68,9 +69,10 @@ def hello_frame(token: str, worker_id: str) -> bytes:
     return _frame(bytes([HELLO]) + _strings(token, worker_id))
 
 
-def beat_frame(round_: int, commit: int) -> bytes:
-    """One heartbeat: the round the worker is in (0 before its first) and its commit count."""
-    return _BEAT.pack(_BEAT_BODY_LENGTH, BEAT, round_, commit)
+def beat_frame(round_: int, commit: int, durable: int = 0, stale: bool = False) -> bytes:
+    """One heartbeat: the round the worker is in (0 before its first), its commit count, the
+    newest commit it wrote durably (0: none) and whether its last durable write failed."""
+    return _BEAT.pack(_BEAT_BODY_LENGTH, BEAT, round_, commit, durable, stale)
 
 
 def refused_frame(code: str, details: str) -> bytes:
@@ -84,12 +86,12 @@ def parse_hello(body: bytes) -> tuple[str, str]:
     return token, worker_id
 
 
-def parse_beat(body: bytes) -> tuple[int, int]:
-    """(round, commit) of a BEAT body."""
+def parse_beat(body: bytes) -> tuple[int, int, int, bool]:
+    """(round, commit, durable, stale) of a BEAT body."""
     if len(body) != _BEAT_BODY_LENGTH:
         raise FrameError(f"a beat of {len(body)} bytes, not {_BEAT_BODY_LENGTH}")
-    _, round_, commit = struct.unpack_from("!Bqq", body)
-    return round_, commit
+    _, round_, commit, durable, stale = struct.unpack_from("!Bqqq?", body)
+    return round_, commit, durable, stale
 
 
 def parse_refused(body: bytes) -> tuple[str, str]:

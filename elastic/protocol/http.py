@@ -154,6 +154,16 @@ class DecisionRecord(Strict):
     reason: str
 
 
+class DurableStatus(Strict):
+    """The job's durable commits (`--checkpoint-dir`), as the workers' heartbeats say."""
+
+    newest: int = Field(description="the newest commit written to the directory (0: none yet)")
+    stale: bool = Field(
+        description="the last write failed: the durable copy lags the job (the writing "
+        "worker's log says why)"
+    )
+
+
 class JobStatus(Strict):
     job_id: str
     epoch: int
@@ -161,3 +171,4 @@ class JobStatus(Strict):
     hosts: list[HostStatus]
     workers: list[WorkerStatus]
     decisions: list[DecisionRecord] = []  # the newest last, at most 50
+    durable: DurableStatus | None = None  # None: no durable commits (no --checkpoint-dir)

@@ -89,7 +89,14 @@ class State:
         durable = self._durable
         if durable is not None and ctx.rank == 0 and durable.due(self._commit_count):
             payload = self._durable_payload()
-            if not durable.offer(self._commit_count, payload, self._durable_written):
+            report = ctx.on_durable
+
+            def written() -> None:  # on the writer's thread, once the write is over
+                self._durable_written()
+                if report is not None:
+                    report(durable.written, durable.stale)
+
+            if not durable.offer(self._commit_count, payload, written):
                 self._durable_written()  # not taken after all: the snapshot is free again
         self.check_host_updates()
 

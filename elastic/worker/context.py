@@ -52,6 +52,8 @@ class WorkerContext:
     client: DriverClient | None = None  # HTTP: the rendezvous and the key-value store
     control: ControlClient | None = None  # gRPC: registration, heartbeats, events, leaving
     on_commit: Callable[[int], None] | None = None  # told each state commit's count
+    # told each durable write's outcome: (the newest commit written, whether this one failed)
+    on_durable: Callable[[int, bool], None] | None = None
     job_commit: int = 0  # the newest commit count the driver knew of when this epoch formed
     store: dist.Store | None = None  # this epoch's store (the driver's KV under its prefix)
     peers: PeerWatch | None = None  # probes the peers of a collective that stays blocked

@@ -161,6 +161,7 @@ class ControlClient:
         self._stub = pb_grpc.ControlStub(self._channel)
         self._epoch = 0
         self._commit = 0
+        self._durable = (0, False)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._evicted = False
@@ -190,6 +191,12 @@ class ControlClient:
         """How many state commits this worker has made; the next heartbeats carry it."""
         with self._lock:
             self._commit = commit
+
+    def set_durable(self, written: int, stale: bool) -> None:
+        """The newest commit this worker wrote durably, and whether its last write failed;
+        the next heartbeats carry them (the driver reports a stale durable copy)."""
+        with self._lock:
+            self._durable = written, stale
 
     def start(self) -> None:
         """Register, start the heartbeat and event-stream threads, and wait until the driver
@@ -278,6 +285,12 @@ class ControlClient:
             )
         except ControlError as err:  # the driver may be gone, or already counts this out
             log.debug("could not tell the driver this worker exits: %s", err)
+
+    @property
+    def closed(self) -> threading.Event:
+        """Set once `close` runs: threads that live as long as this client wait on it (they
+        never set it)."""
+        return self._stop
 
     def close(self) -> None:
         """Stop both threads and close the channel: returns within about a second whatever
@@ -407,10 +420,11 @@ class ControlClient:
                     self._stream = None
             self._stop.wait(backoff.next())
 
-    def _progress(self) -> tuple[int, int]:
-        """What a heartbeat carries: the epoch and the commit count."""
+    def _progress(self) -> tuple[int, int, int, bool]:
+        """What a heartbeat carries: the epoch, the commit count, the newest durable commit
+        written and whether the last durable write failed."""
         with self._lock:
-            return self._epoch, self._commit
+            return self._epoch, self._commit, *self._durable
 
     def _aim_heartbeats(self, headers: Any) -> None:
         """Send the heartbeats where the response headers of an accepted event stream say."""

@@ -132,7 +132,8 @@ def _watch_for_preemption(
 ) -> None:
     """With `--preemption-check`: run it every interval; when it prints a time, this worker
     leaves at its next step (as on SIGTERM) and the driver lets the host's other workers go
-    and launches none there before that time."""
+    and launches none there before that time. The check stops when the worker leaves
+    (`shutdown`)."""
     if not config.preemption_check:
         return
 
@@ -141,9 +142,8 @@ def _watch_for_preemption(
         events.request_leave()
         control.notice(at)
 
-    stop = threading.Event()
     PreemptionWatch(
-        config.preemption_check, config.preemption_check_interval, noticed, stop
+        config.preemption_check, config.preemption_check_interval, noticed, control.closed
     ).start()
 
 
@@ -220,6 +220,7 @@ def _enter_next_epoch(
                 client=client,
                 control=control,
                 on_commit=control.set_commit,
+                on_durable=control.set_durable,
                 job_commit=job_commit,
                 store=store,
                 peers=peers,

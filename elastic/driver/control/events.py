@@ -59,8 +59,12 @@ class WorkerListener(Protocol):
     def registered(self, worker_id: str, pid: int) -> bool:
         """A worker process announced itself."""
 
-    def heartbeat(self, worker_id: str, epoch: int, commit: int) -> bool:
-        """A worker is alive, in `epoch`, having made `commit` state commits."""
+    def heartbeat(
+        self, worker_id: str, epoch: int, commit: int, durable: int = 0, stale: bool = False
+    ) -> bool:
+        """A worker is alive, in `epoch`, having made `commit` state commits; it wrote commit
+        `durable` to the checkpoint directory last (0: none), and its last write failed if
+        `stale`."""
 
     def leave(self, worker_id: str, reason: str, commit: int) -> bool:
         """A worker having made `commit` state commits asks to leave at its next commit

@@ -7,7 +7,14 @@ from collections.abc import Callable, Mapping
 
 from elastic.driver.control.channels import ControlChannels
 from elastic.driver.control.events import ControlEvent
-from elastic.driver.reports import Heard, HostNoticed, LeaveAsked, PeersUnreachable, Reports
+from elastic.driver.reports import (
+    DurableStale,
+    Heard,
+    HostNoticed,
+    LeaveAsked,
+    PeersUnreachable,
+    Reports,
+)
 from elastic.driver.workers import Worker
 
 
@@ -47,12 +54,18 @@ class WorkerInputs:
         worker.last_heartbeat = self._clock()
         return True
 
-    def heartbeat(self, worker_id: str, epoch: int, commit: int) -> bool:
+    def heartbeat(
+        self, worker_id: str, epoch: int, commit: int, durable: int = 0, stale: bool = False
+    ) -> bool:
         worker = self._live(worker_id)
         if worker is None:
             return False
         worker.last_heartbeat = self._clock()
         worker.heard = True
+        worker.durable = durable
+        if stale != worker.durable_stale:
+            worker.durable_stale = stale
+            self._reports.put_nowait(DurableStale(worker_id, stale, durable))
         if epoch and not worker.joined:
             # In a round without an HTTP join: its slot came with its launch or on its stream.
             worker.joined = True

@@ -10,7 +10,13 @@ from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.server.auth import ServicesDep
 from elastic.driver.workers import Worker
-from elastic.protocol.http import DecisionRecord, HostStatus, JobStatus, WorkerStatus
+from elastic.protocol.http import (
+    DecisionRecord,
+    DurableStatus,
+    HostStatus,
+    JobStatus,
+    WorkerStatus,
+)
 
 router = APIRouter(prefix="/v1", tags=["status"])
 
@@ -26,10 +32,19 @@ def describe_job(
     workers: Iterable[Worker],
     hosts: Iterable[HostSpec],
     decisions: Iterable[DecisionRecord],
+    checkpoint_dir: str = "",
 ) -> JobStatus:
     """The status of job `job_id`: its round, its usable `hosts`, every worker launched (rank
-    and local rank in the current round, if a member) and its newest `decisions`."""
+    and local rank in the current round, if a member), its newest `decisions`, and its
+    durable commits when there is a `checkpoint_dir` or a worker wrote one (a state given
+    its own directory)."""
     statuses = []
+    workers = list(workers)
+    newest = max((w.durable for w in workers), default=0)
+    stale = any(w.durable_stale for w in workers if w.state.alive)
+    durable = (
+        DurableStatus(newest=newest, stale=stale) if checkpoint_dir or newest or stale else None
+    )
     for worker in workers:
         slot = rendezvous.slot_of(worker.worker_id)
         statuses.append(
@@ -50,4 +65,5 @@ def describe_job(
         hosts=[HostStatus(hostname=h.hostname, slots=h.slots) for h in hosts],
         workers=statuses,
         decisions=list(decisions),
+        durable=durable,
     )
