@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -148,6 +149,40 @@ def test_a_failing_write_is_said_once_and_training_goes_on(
     gate.fail = False
     assert writer.offer(4, _payload(4)) and writer.wait(10)
     assert not writer.stale and writer.written == 4
+
+
+EXITS_MID_WRITE = """
+import logging, sys, time
+from elastic.state.durable import CheckpointDir, DurableWriter
+
+class Slow:  # pickled by the write: takes a second, as a large state would
+    def __reduce__(self):
+        time.sleep(1.0)
+        return (str, ("written",))
+
+logging.basicConfig(level=logging.INFO)
+writer = DurableWriter(CheckpointDir(sys.argv[1]), exit_wait=float(sys.argv[2]))
+assert writer.offer(1, {"state": Slow()})
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.parametrize("exit_wait", [30.0, 0.1])
+def test_a_process_that_exits_lets_the_write_in_flight_finish_within_a_bound(
+    tmp_path: Path, exit_wait: float
+) -> None:
+    directory = tmp_path / "ckpt"
+    done = subprocess.run(
+        [sys.executable, "-c", EXITS_MID_WRITE, str(directory), str(exit_wait)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "waiting up to" in done.stderr and "durable commit 1" in done.stderr
+    if exit_wait > 1:
+        assert CheckpointDir(str(directory)).load(1).payload == {"state": "written"}
+    else:  # gave up: said so, and nothing half-written is ever loaded
+        assert "was not written within 0.1 s" in done.stderr
+        assert CheckpointDir(str(directory)).newest() is None
 
 
 def test_a_directory_that_cannot_be_made_is_one_error_line(
@@ -330,3 +365,31 @@ def test_a_job_killed_whole_and_started_again_resumes_where_its_durable_copy_was
     assert second.finish() == 0, second.transcript()
     result = json.loads((out / "result.json").read_text())
     assert set(result["counts"]) == {2.0}, "every sample trained on once per epoch"
+
+
+@pytest.mark.timeout(120)
+def test_a_directory_that_cannot_be_written_is_reported_by_the_job_and_training_goes_on(
+    elasticrun, tmp_path: Path
+) -> None:
+    """--checkpoint-dir under a regular file: the writing worker logs why, the launcher says
+    once that the durable copy is stale, `/v1/status` shows it, and the job ends well."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    status, out = tmp_path / "status.json", tmp_path / "out"
+    out.mkdir()
+    job = elasticrun(
+        [
+            "-np", "2", "--min-np", "1", "--checkpoint-dir", str(blocker / "ckpt"),
+            "--heartbeat-interval", "0.2",
+            sys.executable, str(ELASTIC_JOB), "--out", str(out), "--epochs", "2",
+            "--commit-every", "2", "--step-delay", "0.05", "--status-file", str(status),
+        ]
+    )  # fmt: skip
+    job.wait_for(r"elasticrun: the durable copy is stale: worker \S+ on \S+ failed", timeout=60)
+    assert job.finish(90) == 0, job.transcript()
+    said = job.output.count("elasticrun: the durable copy is stale")
+    assert said == 1, "the launcher says it once, not at every failed write"
+    assert re.search(r"durable commit \d+ to .*ckpt failed", job.output), "the worker says why"
+    assert json.loads(status.read_text())["durable"] == {"newest": 0, "stale": True}
+    result = json.loads((out / "result.json").read_text())
+    assert set(result["counts"]) == {2.0}, "training went on: every sample, once per epoch"

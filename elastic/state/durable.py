@@ -11,6 +11,7 @@ one before it is. The payload is a pickle: load only checkpoints this job wrote.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import io
@@ -37,6 +38,7 @@ log = logging.getLogger("elastic")
 FORMAT = 1  # the manifest's "format": what this module writes and reads
 _NAME = re.compile(r"^commit-(\d{12})\.json$")
 _CHUNK = 8 * 1024 * 1024  # bytes hashed at a time when a payload is verified
+EXIT_WAIT = 300.0  # seconds a process that exits waits for a durable write in flight
 
 
 class CheckpointCorrupt(ElasticError, ValueError):
@@ -187,7 +189,8 @@ class DurableWriter:
     flight, and returns at once; `done()` is called on the writer's thread when the payload
     is no longer needed. A failed write is logged (once per distinct error), training goes
     on, and `stale` says the durable copy lags; the next due commit tries again. The newest
-    `keep` commits are kept.
+    `keep` commits are kept. A process that exits normally waits up to `exit_wait` seconds for
+    the write in flight (saying so), so that a finished job's last write is not cut short.
     """
 
     def __init__(
@@ -197,6 +200,7 @@ class DurableWriter:
         every_seconds: float | None = None,
         keep: int = 2,
         clock: Callable[[], float] = time.monotonic,
+        exit_wait: float = EXIT_WAIT,
     ) -> None:
         if every_commits < 1 or keep < 1 or (every_seconds is not None and every_seconds <= 0):
             raise ValueError(
@@ -214,6 +218,9 @@ class DurableWriter:
         self.written = 0  # the newest commit written
         self.started = 0  # writes started
         self.error: str | None = None  # the last write's failure, until one succeeds
+        self._in_flight = 0  # the commit being written
+        self._exit_wait = exit_wait
+        atexit.register(self._finish_at_exit)
 
     @property
     def busy(self) -> bool:
@@ -245,6 +252,7 @@ class DurableWriter:
             if not self.due(commit):
                 return False
             self._last_offered = (commit, self._clock())
+            self._in_flight = commit
             self.started += 1
             self._thread = threading.Thread(
                 target=self._write,
@@ -261,6 +269,21 @@ class DurableWriter:
         if thread is not None:
             thread.join(timeout)
         return not self.busy
+
+    def _finish_at_exit(self) -> None:
+        """At interpreter exit: let the write in flight end, within `exit_wait` seconds."""
+        if not self.busy:
+            return
+        commit = self._in_flight
+        log.info("waiting up to %g s for durable commit %d to be written", self._exit_wait, commit)
+        if not self.wait(self._exit_wait):
+            log.error(
+                "durable commit %d was not written within %g s: exiting without it (newest "
+                "written: %s)",
+                commit,
+                self._exit_wait,
+                self.written or "none",
+            )
 
     def _write(self, commit: int, payload: Any, done: Callable[[], None] | None) -> None:
         # The lowest CPU priority for this thread (Linux nices threads one by one): where
