@@ -150,6 +150,23 @@ def test_sigterm_leaves_at_a_step_boundary_not_at_the_next_commit(
     assert_exactly_once(tmp_path)
 
 
+def test_a_leaver_whose_word_never_reached_the_driver_still_leaves(
+    elasticrun, tmp_path: Path
+) -> None:
+    """A worker wants to leave (SIGTERM, a preemption notice) but its Leave or Notice call
+    was lost: the ranks still agree to re-form at the next step, and the leaver says it
+    again before re-joining, so the driver lets it go once, instead of taking it back into
+    every round while it interrupts every step."""
+    args = job_args(tmp_path, "--leave-unheard-at-step", "4", "--step-delay", "0.05")
+    job = elasticrun(["-np", "3", "--min-np", "1", "-H", "localhost:3", *args])
+    job.wait_for(r"leaves the job: its word to the driver was lost", timeout=30)
+    assert job.finish(90) == 0, job.output
+    rounds = set(re.findall(r"elasticrun: round (\d+):", job.output))
+    assert rounds == {"1", "2"}, f"one re-form, not one per step: rounds {sorted(rounds)}"
+    assert "restoring the last commit" not in job.output
+    assert assert_exactly_once(tmp_path)["size"] == 2
+
+
 def write_hosts(path: Path, text: str) -> None:
     staged = path.with_suffix(".new")
     staged.write_text(text)

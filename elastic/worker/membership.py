@@ -52,6 +52,7 @@ class MembershipEvents:
         self._broken_reason = ""
         self._called_back = 0  # the newest broken epoch whose successor waits for this worker
         self._leaving = False
+        self._leave_reason: str | None = None
 
     def hosts_updated(self, update: HostsUpdate) -> None:
         """Record that epoch `update.next_epoch` exists (keeps the newest announcement)."""
@@ -109,12 +110,23 @@ class MembershipEvents:
         with self._lock:
             return 0 < epoch <= self._broken_up_to and epoch > self._called_back
 
-    def request_leave(self) -> None:
-        """This worker should leave the job at its next commit (SIGTERM, a drained host)."""
+    def request_leave(self, reason: str | None = None) -> None:
+        """This worker should leave the job at its next step boundary or commit. `reason`
+        (SIGTERM, a preemption notice) is what the driver must hear, said again before this
+        worker re-joins in case the first word was lost; None when the driver asked."""
         with self._lock:
             self._leaving = True
+            if reason is not None:
+                self._leave_reason = reason
 
     @property
     def leaving(self) -> bool:
         with self._lock:
             return self._leaving
+
+    @property
+    def leave_reason(self) -> str | None:
+        """Why this worker wants to leave, for the driver; None when the driver asked it to
+        (or nobody did)."""
+        with self._lock:
+            return self._leave_reason

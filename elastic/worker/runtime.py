@@ -120,11 +120,14 @@ def leave_on_sigterm() -> None:
 
 def _leave_on_sigterm(events: MembershipEvents, control: ControlClient) -> None:
     def leave(signum: int, frame: Any) -> None:
-        events.request_leave()
+        events.request_leave(SIGTERM_REASON)
         threading.Thread(target=_ask_to_leave, args=(control,), daemon=True).start()
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, leave)
+
+
+SIGTERM_REASON = "SIGTERM"
 
 
 def _watch_for_preemption(
@@ -139,7 +142,7 @@ def _watch_for_preemption(
 
     def noticed(at: float) -> None:
         log.warning("this host goes at %s (its preemption check): leaving the job", at)
-        events.request_leave()
+        events.request_leave(f"its host goes at {at} (its preemption check)")
         control.notice(at)
 
     PreemptionWatch(
@@ -149,9 +152,9 @@ def _watch_for_preemption(
 
 def _ask_to_leave(control: ControlClient) -> None:
     try:
-        control.leave("SIGTERM")
-    except ControlError as err:  # the driver stops this worker already, or is gone
-        log.debug("the driver did not take the leave request: %s", err)
+        control.leave(SIGTERM_REASON)
+    except ControlError as err:  # the driver stops this worker already, or is gone; said again
+        log.debug("the driver did not take the leave request: %s", err)  # at the re-form
 
 
 def _warm_up() -> None:
@@ -243,6 +246,13 @@ def rejoin() -> None:
     assert peers is not None, "set by init()"
     abandon_group()
     context.activate(None)
+    if (reason := ctx.events.leave_reason) is not None:
+        # Said again: the first word (a Leave or Notice call) may have been lost, and then
+        # the driver would take this worker into the next round, where it interrupts again.
+        try:
+            control.leave(reason)
+        except ControlError as err:
+            log.warning("could not ask the driver to let this worker go: %s", err)
     try:
         _enter_next_epoch(
             config, client, control, ctx.events, peers, ctx.epoch, config.rejoin_timeout

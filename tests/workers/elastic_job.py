@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 import elastic.torch as hvd
+from elastic.worker import context
 
 
 def _first_to_create(path: str | None) -> bool:
@@ -68,6 +69,13 @@ def main() -> None:
     parser.add_argument("--exit-delay", type=float, default=0.0, help="a slow atexit handler")
     parser.add_argument("--no-shutdown", action="store_true", help="never call hvd.shutdown()")
     parser.add_argument("--status-file", help="rank 0 saves /v1/status here at the end")
+    parser.add_argument(
+        "--leave-unheard-at-step",
+        type=int,
+        default=-1,
+        help="the last rank wants to leave at this step, as after SIGTERM or a notice whose "
+        "word to the driver was lost",
+    )
     args = parser.parse_args()
 
     print(f"worker pid={os.getpid()}", flush=True)
@@ -116,6 +124,8 @@ def main() -> None:
                 time.sleep(args.step_delay)
                 if state.step == args.hold_at_step:
                     _wait_for_file(args.hold_file)
+                if state.step == args.leave_unheard_at_step and hvd.rank() == hvd.size() - 1:
+                    context.current().events.request_leave("its word to the driver was lost")
                 if state.step % args.commit_every == 0:
                     state.commit()
             state.epoch += 1
