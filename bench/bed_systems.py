@@ -197,12 +197,15 @@ class TorchrunOnBed:
         *,
         hosts: Sequence[str] = (),
         workload: Sequence[str] = (),
+        rdzv_on_bed: str = RDZV_ON_BED,
     ):
         """`hosts` get an agent at the start (default: all); `workload` goes after the
-        workload's own arguments (a later flag wins)."""
+        workload's own arguments (a later flag wins); `rdzv_on_bed` is added to the tuned
+        rendezvous settings."""
         self.bed, self.folder, self.out = bed, folder, out
         self.hosts = list(hosts) or [host.name for host in bed.hosts]
         self.workload = list(workload)
+        self.rdzv_on_bed = rdzv_on_bed
         self.pg_timeout = settings.torchrun_pg_timeout
         # torchrun's temporary folders in the trial's folder; Gloo on the bed's wire.
         tuned = make_systems()["torchrun_tuned"].env
@@ -243,7 +246,7 @@ class TorchrunOnBed:
             f"--nnodes=1:{len(self.bed.hosts)}", "--nproc-per-node=1",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.run_id}",
             "--max-restarts=1000", f"--local-addr={address}",
-            f"--rdzv-conf={TUNED_RDZV_CONF},{RDZV_ON_BED}",
+            f"--rdzv-conf={TUNED_RDZV_CONF},{self.rdzv_on_bed}",
             f"--monitor-interval={TUNED_MONITOR_INTERVAL}",
             str(TORCHRUN_WORKLOAD), *worker_args(self.folder, WORKER_MAX_SECONDS), *extra,
             *self.workload,
