@@ -1,5 +1,5 @@
-"""The two systems as bench/multihost.py runs them on the multi-host bed, and what a trial
-leaves on the bed.
+"""The two systems as bench/multihost.py and bench/goodput.py run them on the multi-host bed,
+and what a trial leaves on the bed.
 
 * `ElasticrunOnBed`: the driver in the root namespace, the bed's hosts from a discovery file,
   every worker started through the bed's ssh;
@@ -9,9 +9,12 @@ leaves on the bed.
   and why).
 
 Both start their processes in `start()` (recorded in `launchers` as they start, so that a
-start that fails halfway is still stopped), and `host_returned(host)` does what a host that
-came back gets: nothing for elasticrun (the host never left its discovery file), a fresh
-agent for torchrun. `namespace_leftovers` checks the hosts once a trial's launchers stopped.
+start that fails halfway is still stopped), and react to the cloud's word on a host:
+`host_noticed(host, at)` (a preemption notice: elasticrun's discovery line says `leaving=T`;
+torchrun has no use for it), `host_gone(host)` (reclaimed: discovery drops it) and
+`host_returned(host)` (back, or allocated: listed again in elasticrun's discovery file,
+nothing changing for a host that never left it; a fresh agent for torchrun).
+`namespace_leftovers` checks the hosts once a trial's launchers stopped.
 """
 
 from __future__ import annotations

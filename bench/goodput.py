@@ -21,8 +21,9 @@ would. The systems:
   boundary; durable commits (`--checkpoint-dir`, every `--checkpoint-every`-th commit);
 * `elasticrun_no_notice`: the same without notices: each reclaim is a host lost mid-step,
   the survivors roll back to their last in-memory commit;
-* `torchrun`: as tuned in bench/multihost.py (`bench/bed_systems.py`), rank 0 checkpoints
-  every `--commit-every` steps to the same disk; every change restarts every worker from it.
+* `torchrun`: as tuned in bench/multihost.py (`bench/bed_systems.py`) but with the store's
+  default read timeout (`RDZV`); rank 0 checkpoints every `--commit-every` steps to the same
+  disk; every change restarts every worker from it.
 
 Both workloads train the same tiny MLP (bench/workloads/), committing (elasticrun, in memory)
 or checkpointing (torchrun) every `--commit-every` steps, each step first waiting
@@ -34,7 +35,8 @@ Measured (bench/goodput_ledger.py): rank 0's step lines give the useful rank-ste
 size N counts N; a step redone after a rollback counts once); the ideal is what every offered
 host would have trained at the fastest steady step time measured at its size; goodput is
 their ratio, and what was lost is split by cause (re-forms and restarts, rollbacks, hosts
-left on notice, hosts not yet in the job, slower steps, the unfinished last step).
+left on notice, hosts not yet in the job, slower steps, the unfinished last step). A job
+whose launchers all exited during the replay is measured as it went (`job_ended` says so).
 
 The JSON document goes to stdout and to `--out` (default bench/results/goodput.json), each
 run's transcript beside it (bench/results/goodput/); progress to stderr. After each run every
