@@ -1,7 +1,10 @@
 """Slot assignment: rank, local and cross coordinates for every worker."""
 
+import pytest
+
 from elastic.driver.discovery.hosts import HostSpec
-from elastic.driver.policy.planning import free_slots, next_members
+from elastic.driver.errors import UsageError
+from elastic.driver.policy.planning import first_places, free_slots, next_members
 from elastic.driver.rendezvous.assignment import plan_slots
 from elastic.protocol.http import SlotInfo
 
@@ -41,6 +44,28 @@ def test_more_slots_than_np_leaves_later_hosts_unused() -> None:
     rows = table([HostSpec("a", 2), HostSpec("b", 2), HostSpec("c", 2)], 3)
     assert [r[0] for r in rows] == ["a", "a", "b"]
     assert rows[2] == ("b", 2, 0, 1, 1, 2, 3)
+
+
+FOUR = [HostSpec("a", 2), HostSpec("b", 2)]
+
+
+@pytest.mark.parametrize(
+    ("np", "max_np", "expected"),
+    [
+        (2, 4, [("a", 0), ("a", 1), ("b", 0), ("b", 1)]),  # -np is not a cap
+        (2, None, [("a", 0), ("a", 1), ("b", 0), ("b", 1)]),
+        (None, 3, [("a", 0), ("a", 1), ("b", 0)]),  # --max-np is
+        (1, 1, [("a", 0)]),
+    ],
+)
+def test_an_elastic_job_starts_on_every_offered_slot_up_to_max_np(np, max_np, expected) -> None:
+    assert first_places(FOUR, np, max_np, elastic=True) == expected
+
+
+def test_a_static_job_starts_exactly_np_workers_and_refuses_too_few_slots() -> None:
+    assert first_places(FOUR, 3, None, elastic=False) == [("a", 0), ("a", 1), ("b", 0)]
+    with pytest.raises(UsageError, match="-np 5 is larger than the 4 slot"):
+        first_places(FOUR, 5, None, elastic=False)
 
 
 def test_many_hosts_one_slot_each() -> None:

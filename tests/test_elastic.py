@@ -198,6 +198,26 @@ def test_discovery_adds_a_host_and_the_job_grows(elasticrun, tmp_path: Path) -> 
     assert assert_exactly_once(tmp_path)["size"] == 3
 
 
+def test_an_elastic_job_starts_on_every_offered_slot_up_to_max_np(
+    elasticrun, tmp_path: Path
+) -> None:
+    """`-np 2 --max-np 4` with discovery offering 4 slots: round 1 has 4 workers, as in
+    Horovod Elastic (-np is what the job waits for, not a cap), and none stays idle."""
+    hosts = tmp_path / "hosts"
+    write_hosts(hosts, "localhost:4\n")
+    job = elasticrun(
+        ["-np", "2", "--min-np", "1", "--max-np", "4", *discovery_args(), *job_args(tmp_path)],
+        env={"ELASTIC_HOSTS_FILE": str(hosts)},
+    )  # fmt: skip
+    job.wait_for(r"elasticrun: round 1: 4 worker\(s\) on localhost:4", timeout=60)
+    assert job.finish(90) == 0, job.output
+    joined = re.findall(r"joined rank=(\d+) size=(\d+)", job.output)
+    assert sorted(joined) == [("0", "4"), ("1", "4"), ("2", "4"), ("3", "4")], job.output
+    assert "round 2" not in job.output, "the job grew after its first round"
+    assert sizes_after(job, "round 1: 4 worker") == {4}
+    assert assert_exactly_once(tmp_path)["size"] == 4
+
+
 @pytest.mark.parametrize(
     ("before", "after", "said", "size"),
     [

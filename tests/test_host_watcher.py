@@ -79,17 +79,38 @@ async def next_change(reports: asyncio.Queue[Report]) -> Any:
 
 def test_first_hosts_returns_once_discovery_offers_enough_slots() -> None:
     async def scenario(watcher, discovery, reports, clock) -> None:
-        assert await watcher.first_hosts(3, timeout=60.0) == [A, B]
+        assert await watcher.first_hosts(3, 3, timeout=60.0) == [A, B]
         assert discovery.calls == 3
         assert reports.empty()  # the first hosts are the answer, not a change
 
     watch([], [A], [A, B])(scenario)
 
 
+def test_first_hosts_waits_for_np_slots_though_min_np_are_offered_sooner() -> None:
+    async def scenario(watcher, discovery, reports, clock) -> None:
+        assert await watcher.first_hosts(3, 1, timeout=60.0) == [A, B]
+        assert discovery.calls == 3
+
+    watch([A], [A], [A, B])(scenario)
+
+
+def test_first_hosts_starts_with_min_np_slots_past_the_timeout_saying_so(caplog) -> None:
+    async def scenario(watcher, discovery, reports, clock) -> None:
+        with caplog.at_level(logging.WARNING, logger="elasticrun"):
+            assert await watcher.first_hosts(3, 1, timeout=5.0) == [A]
+        assert clock.now == 5.0  # it waited for -np until then
+
+    watch([A])(scenario)
+    assert caplog.messages == [
+        "starting with 1 slot(s): discovery offered fewer than -np 3 within 5 s "
+        "(--start-timeout); the job grows as more are offered"
+    ]
+
+
 def test_first_hosts_fails_after_the_timeout_naming_the_discovery_error() -> None:
     async def scenario(watcher, discovery, reports, clock) -> None:
         with pytest.raises(LaunchError) as raised:
-            await watcher.first_hosts(2, timeout=5.0)
+            await watcher.first_hosts(2, 2, timeout=5.0)
         assert str(raised.value) == (
             "discovery found 1 slot(s), fewer than --min-np 2, within 5 s (--start-timeout) "
             "(discovery: hosts.sh exited with code 3: no cluster)"
@@ -101,7 +122,7 @@ def test_first_hosts_fails_after_the_timeout_naming_the_discovery_error() -> Non
 
 def test_run_reports_each_change_of_the_discovered_hosts(caplog) -> None:
     async def scenario(watcher, discovery, reports, clock) -> None:
-        await watcher.first_hosts(1, timeout=60.0)
+        await watcher.first_hosts(1, 1, timeout=60.0)
         task = asyncio.create_task(watcher.run())
         try:
             change = await next_change(reports)
@@ -123,7 +144,7 @@ def test_run_reports_each_change_of_the_discovered_hosts(caplog) -> None:
 
 def test_a_failed_host_is_reported_at_once_and_again_when_its_cooldown_ends(caplog) -> None:
     async def scenario(watcher, discovery, reports, clock) -> None:
-        await watcher.first_hosts(3, timeout=60.0)
+        await watcher.first_hosts(3, 3, timeout=60.0)
         with caplog.at_level(logging.WARNING, logger="elasticrun"):
             watcher.host_failed("127.0.0.1", "worker r1 died")
         change = reports.get_nowait().change

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from elastic.driver.discovery.hosts import HostSpec
+from elastic.driver.policy.planning import Start, start_check
 from elastic.driver.policy.rounds import (
     JOIN_WINDOW,
     AskToLeave,
@@ -306,3 +307,22 @@ def test_a_broken_round_waits_for_the_survivors_not_yet_at_the_rendezvous() -> N
     job = view(*workers, members=("r0", "r1", "r2", "r3", "r4"), waiting=frozenset({"r0"}))
     assert survivors_not_waiting(job) == {"r1", "r3"}
     assert survivors_not_waiting(replace(job, waiting=frozenset({"r0", "r1", "r3"}))) == set()
+
+
+# --- the first round's start --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("offered", "waited", "expected", "case"),
+    [
+        (4, 0.0, Start.NOW, "-np 4 offered: at once"),
+        (6, 0.0, Start.NOW, "more than -np offered: at once (all are taken)"),
+        (3, 0.0, Start.WAIT, "--min-np offered, not -np: wait for -np"),
+        (3, 29.9, Start.WAIT, "until --start-timeout"),
+        (3, 30.0, Start.NOW, "past it, --min-np will do"),
+        (1, 30.0, Start.FAIL, "past it, fewer than --min-np fails"),
+        (0, 0.0, Start.WAIT, "nothing offered yet"),
+    ],
+)
+def test_an_elastic_job_starts_once_np_slots_are_offered(offered, waited, expected, case):
+    assert start_check(offered, 4, 2, waited, 30.0) is expected, case

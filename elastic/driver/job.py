@@ -41,8 +41,9 @@ from elastic.driver.launch.detached import default_log_root
 from elastic.driver.launch.environment import WorkerEnvironments
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
-from elastic.driver.launch.staffing import Staffing, first_places, host_summary
+from elastic.driver.launch.staffing import Staffing, host_summary
 from elastic.driver.policy.liveness import Limits
+from elastic.driver.policy.planning import first_places
 from elastic.driver.policy.rounds import Phase
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.reports import (
@@ -175,8 +176,10 @@ class Job:
             self._restore(documents)
             hosts = list(self._watcher.tracker.hosts if self.elastic else self.settings.hosts)
         elif self.elastic is not None:
+            needed = self.elastic.min_np
+            wanted = self.settings.np or needed  # -np lies in --min-np..--max-np
             timeout = self.settings.start_timeout
-            hosts = await self._watcher.first_hosts(self.elastic.min_np, timeout)
+            hosts = await self._watcher.first_hosts(wanted, needed, timeout)
         else:
             hosts = list(self.settings.hosts)
         await self._hosts.learn(h.hostname for h in hosts)  # DNS, off the event loop
@@ -324,7 +327,8 @@ class Job:
     # --- launching -------------------------------------------------------------------------
 
     async def _launch_first_round(self, hosts: list[HostSpec]) -> None:
-        """Launch the first workers on `hosts` and form round 1 with them at once."""
+        """Launch the first workers on `hosts` and form round 1 with them at once: -np of
+        them in a static job, every offered slot up to --max-np in an elastic one."""
         max_np = self.elastic.max_np if self.elastic is not None else None
         places = first_places(hosts, self.settings.np, max_np, self.elastic is not None)
         workers = await self._staffing.place(places)

@@ -14,6 +14,7 @@ from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.discovery.tracker import HostTracker, TrackerUpdate
 from elastic.driver.errors import LaunchError
 from elastic.driver.launch.host_access import HostAccess
+from elastic.driver.policy.planning import Start, start_check
 from elastic.driver.reports import HostsChanged, Reports
 
 log = logging.getLogger("elasticrun")
@@ -48,26 +49,35 @@ class HostWatcher:
     def usable(self) -> list[HostSpec]:
         return [h for h in self.tracker.hosts if self._access.usable(h.hostname)]
 
-    async def first_hosts(self, slots_needed: int, timeout: float) -> list[HostSpec]:
-        """The usable hosts once they offer `slots_needed` slots; `LaunchError` when they do
-        not within `timeout` s. Prints a progress line every `PROGRESS_EVERY` s."""
+    async def first_hosts(self, wanted: int, needed: int, timeout: float) -> list[HostSpec]:
+        """The usable hosts once they offer `wanted` slots (-np), or, past `timeout` s
+        (--start-timeout), `needed` (--min-np) at least, saying so (`start_check`);
+        `LaunchError` when they offer fewer than `needed` by then. Prints a progress line
+        every `PROGRESS_EVERY` s."""
         start = last_line = self._clock()
         while True:
             await self._discover()  # what it finds is the answer, not a change to report
             usable = self.usable()
             slots = sum(h.slots for h in usable)
-            if slots >= slots_needed:
-                return usable
             now = self._clock()
-            if now - start >= timeout:
+            verdict = start_check(slots, wanted, needed, now - start, timeout)
+            if verdict is Start.NOW:
+                if slots < wanted:
+                    log.warning(
+                        "starting with %d slot(s): discovery offered fewer than -np %d within "
+                        "%g s (--start-timeout); the job grows as more are offered",
+                        slots, wanted, timeout,
+                    )  # fmt: skip
+                return usable
+            if verdict is Start.FAIL:
                 problem = f" (discovery: {self.tracker.error})" if self.tracker.error else ""
                 raise LaunchError(
-                    f"discovery found {slots} slot(s), fewer than --min-np {slots_needed}, "
+                    f"discovery found {slots} slot(s), fewer than --min-np {needed}, "
                     f"within {timeout:g} s (--start-timeout){problem}"
                 )
             if now - last_line >= PROGRESS_EVERY:
                 last_line = now
-                log.warning("waiting for %d slot(s) from discovery, %d so far", slots_needed, slots)
+                log.warning("waiting for %d slot(s) from discovery, %d so far", wanted, slots)
             await asyncio.sleep(self._interval)
 
     async def run(self) -> None:

@@ -1,4 +1,5 @@
-"""Putting workers on slots: where the first round's go, and starting each worker."""
+"""Putting workers on slots and starting each worker (where the first round's go is
+`policy.planning.first_places`)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,9 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from elastic.driver.discovery.hosts import HostSpec
-from elastic.driver.errors import LaunchError, UsageError
+from elastic.driver.errors import LaunchError
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
-from elastic.driver.policy.planning import free_slots
 from elastic.driver.workers import Worker, WorkerState
 
 log = logging.getLogger("elasticrun")
@@ -18,20 +17,6 @@ log = logging.getLogger("elasticrun")
 STARTS_AT_ONCE = 64  # worker starts in flight together
 
 Places = Sequence[tuple[str, int]]  # (hostname, slot index) pairs
-
-
-def first_places(
-    hosts: list[HostSpec], np: int | None, max_np: int | None, elastic: bool
-) -> list[tuple[str, int]]:
-    """The first round's places on `hosts`: -np of them (elastic: default every slot), at
-    most --max-np. A static job with fewer slots than -np raises `UsageError`."""
-    wanted = np if np is not None else sum(h.slots for h in hosts)
-    if max_np is not None:
-        wanted = min(wanted, max_np)
-    places = free_slots(hosts, {}, wanted)
-    if not elastic and len(places) < wanted:
-        raise UsageError(f"-np {wanted} is larger than the {len(places)} slot(s) available")
-    return places
 
 
 class Staffing:
