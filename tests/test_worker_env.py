@@ -77,7 +77,23 @@ def test_the_variables_keep_their_documented_names_and_forms() -> None:
     assert float(variables[env.START_TIMEOUT]) == 12.5
     assert variables[env.CHECKPOINT_DIR] == "s3://bucket/run7"
     assert variables[env.CHECKPOINT_EVERY] == "5" and variables[env.CHECKPOINT_KEEP] == "3"
-    assert all(name.startswith("ELASTIC_") for name in variables)
+    horovod = {name: value for name, value in variables.items() if name.startswith("HOROVOD_")}
+    assert horovod == {  # what horovodrun's Gloo launcher sets, with the same values
+        "HOROVOD_HOSTNAME": "h1",
+        "HOROVOD_RANK": "3",
+        "HOROVOD_SIZE": "4",
+        "HOROVOD_LOCAL_RANK": "1",
+        "HOROVOD_LOCAL_SIZE": "2",
+        "HOROVOD_CROSS_RANK": "1",
+        "HOROVOD_CROSS_SIZE": "2",
+    }
+    assert all(name.startswith("ELASTIC_") for name in variables.keys() - horovod.keys())
+
+
+def test_a_worker_without_a_slot_gets_its_host_but_no_rank() -> None:
+    variables = WorkerEnvironment.from_env(REQUIRED).to_env()
+    assert variables["HOROVOD_HOSTNAME"] == "localhost"
+    assert not {name for name in variables if "RANK" in name or "SIZE" in name}
 
 
 def test_unset_variables_take_the_models_defaults() -> None:

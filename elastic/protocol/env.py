@@ -1,6 +1,7 @@
 """The environment the driver gives every worker process: the variables' names and
 `WorkerEnvironment`, the only code that writes them (the driver, `to_env`) and reads them (the
-worker, `from_env`).
+worker, `from_env`). `slot_variables` names a slot's values, for the driver at launch and for
+the worker runtime after each re-form.
 
 They are documented in the README ("Worker environment"). The secret (`TOKEN`) is in the
 environment of local children and read from ssh's stdin on remote hosts, never on a command
@@ -53,6 +54,16 @@ CHECKPOINT_DIR = "ELASTIC_CHECKPOINT_DIR"
 CHECKPOINT_EVERY = "ELASTIC_CHECKPOINT_EVERY"
 CHECKPOINT_INTERVAL = "ELASTIC_CHECKPOINT_INTERVAL"
 CHECKPOINT_KEEP = "ELASTIC_CHECKPOINT_KEEP"
+
+# Horovod's names, as horovodrun's Gloo launcher sets them, for scripts that read them: the
+# same values as ELASTIC_HOSTNAME and the slot's ELASTIC_* variables.
+HOROVOD_HOSTNAME = "HOROVOD_HOSTNAME"
+HOROVOD_RANK = "HOROVOD_RANK"
+HOROVOD_SIZE = "HOROVOD_SIZE"
+HOROVOD_LOCAL_RANK = "HOROVOD_LOCAL_RANK"
+HOROVOD_LOCAL_SIZE = "HOROVOD_LOCAL_SIZE"
+HOROVOD_CROSS_RANK = "HOROVOD_CROSS_RANK"
+HOROVOD_CROSS_SIZE = "HOROVOD_CROSS_SIZE"
 
 AUTH_SCHEME = "Bearer"
 
@@ -144,13 +155,16 @@ class WorkerEnvironment:
     preemption_check_interval: float = 5.0  # seconds
 
     def to_env(self) -> dict[str, str]:
-        """The variables that describe this environment; a None or empty option sets none."""
+        """The variables that describe this environment; a None or empty option sets none.
+        `HOROVOD_HOSTNAME` is always set, the slot's variables (`slot_variables`) with a slot.
+        """
         values = {name: write(getattr(self, attribute)) for attribute, name, write, _ in _SCALARS}
+        values[HOROVOD_HOSTNAME] = self.hostname
         if self.etcd is not None:
             values[ETCD_ENDPOINTS] = ",".join(f"{h}:{p}" for h, p in self.etcd.endpoints)
             values.update({name: getattr(self.etcd, key) or None for key, name in _ETCD})
         if self.slot is not None:
-            values.update({name: str(getattr(self.slot, key)) for key, name in _SLOT})
+            values.update(slot_variables(self.slot))
         values.update(self.checkpoint.to_env())
         return {name: value for name, value in values.items() if value is not None}
 
@@ -241,6 +255,26 @@ _SLOT = (
     ("cross_size", CROSS_SIZE),
 )
 """(field, variable) of the `SlotInfo` sent, its hostname aside."""
+_HOROVOD_SLOT = (
+    ("rank", HOROVOD_RANK),
+    ("size", HOROVOD_SIZE),
+    ("local_rank", HOROVOD_LOCAL_RANK),
+    ("local_size", HOROVOD_LOCAL_SIZE),
+    ("cross_rank", HOROVOD_CROSS_RANK),
+    ("cross_size", HOROVOD_CROSS_SIZE),
+)
+"""(field, variable) of the same values under Horovod's names."""
+SLOT_VARIABLES = frozenset(name for _, name in _SLOT + _HOROVOD_SLOT)
+"""The variables that hold a rank: a worker that has none must not inherit them."""
+
+
+def slot_variables(slot: SlotInfo) -> dict[str, str]:
+    """The variables that describe `slot`: `ELASTIC_RANK` ... `ELASTIC_CROSS_SIZE` and
+    Horovod's `HOROVOD_RANK` ... `HOROVOD_CROSS_SIZE` with the same values, and
+    `HOROVOD_HOSTNAME`."""
+    values = {name: str(getattr(slot, key)) for key, name in _SLOT + _HOROVOD_SLOT}
+    values[HOROVOD_HOSTNAME] = slot.hostname
+    return values
 
 
 def _parsed(

@@ -4,6 +4,7 @@ worker's place in the job."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -13,6 +14,8 @@ from urllib.parse import urlsplit
 
 import torch.distributed as dist
 
+from elastic.protocol.env import slot_variables
+from elastic.protocol.http import SlotInfo
 from elastic.worker import context
 from elastic.worker.client import DriverClient, EpochSuperseded, NotMemberError
 from elastic.worker.config import WorkerConfig
@@ -31,6 +34,8 @@ log = logging.getLogger(__name__)
 
 def init() -> None:
     """Join the rendezvous and form the process group. Calling it again does nothing.
+    On return `os.environ` holds this worker's rank variables (`_publish_slot`), a worker that
+    joined a running job included.
 
     Raises `NotLaunchedError` when the process was not started by `elasticrun` and
     `DriverError` when no epoch with this worker forms within the start timeout. A worker
@@ -176,8 +181,8 @@ def _enter_next_epoch(
     after_epoch: int,
     join_timeout: float,
 ) -> None:
-    """Join the first epoch after `after_epoch` (waiting up to `join_timeout` seconds for it)
-    and form its process group.
+    """Join the first epoch after `after_epoch` (waiting up to `join_timeout` seconds for it),
+    form its process group, and install its slot (the context, `os.environ`).
 
     A newer epoch forming while the group forms (a peer died meanwhile), or a peer that goes
     away while the ranks connect (see `create_group`), makes it join a later epoch; before
@@ -229,7 +234,16 @@ def _enter_next_epoch(
                 peers=peers,
             )
         )
+        _publish_slot(slot)
         return
+
+
+def _publish_slot(slot: SlotInfo) -> None:
+    """Set this process's rank variables (`ELASTIC_RANK` ... and Horovod's `HOROVOD_RANK`
+    ..., `HOROVOD_HOSTNAME`: `slot_variables`) to `slot`, the round just installed, so a
+    script that reads them after `init()` or a re-form finds the current round's values.
+    Subprocesses started from then on inherit them."""
+    os.environ.update(slot_variables(slot))
 
 
 def rejoin() -> None:
