@@ -96,7 +96,7 @@ class BackendSettings:
 
 @dataclass(frozen=True)
 class Settings:
-    np: int | None  # initial number of workers; None in elastic mode means every usable slot
+    np: int | None  # static: the workers; elastic: slots to wait for (None: --min-np)
     hosts: list[HostSpec]
     command: list[str]
     ssh: SshOptions = field(default_factory=SshOptions)

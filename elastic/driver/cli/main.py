@@ -47,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="np",
         type=int,
         metavar="N",
-        help="number of worker processes (elastic: to start with; default every usable slot "
-        "up to --max-np)",
+        help="number of worker processes (elastic: how many slots to wait for before the "
+        "first round, which takes every offered slot up to --max-np; default --min-np)",
     )
     hosts = parser.add_mutually_exclusive_group()
     hosts.add_argument(
