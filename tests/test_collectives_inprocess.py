@@ -11,6 +11,7 @@ import torch
 from elastic.worker import collectives as hvd
 from elastic.worker.compression import Compression
 from elastic.worker.context import NotInitializedError, current
+from elastic.worker.errors import CollectiveArgumentError
 from tests.worker_group import run_group
 
 OPS = {"average": hvd.Average, "sum": hvd.Sum, "min": hvd.Min, "max": hvd.Max, "prod": hvd.Product}
@@ -128,12 +129,12 @@ def _suite() -> dict[str, Any]:
     try:
         hvd.allgather(torch.zeros(2, 3 + rank % 2))
         out["mismatch_error"] = None
-    except ValueError as e:
+    except CollectiveArgumentError as e:
         out["mismatch_error"] = str(e)
     try:
         hvd.alltoall(torch.zeros(4), splits=[5] * size)
         out["splits_error"] = None
-    except ValueError as e:
+    except CollectiveArgumentError as e:
         out["splits_error"] = str(e)
     out["after_errors"] = hvd.allreduce(torch.ones(2), op=hvd.Sum)
     return out

@@ -1,18 +1,37 @@
 """The Horovod-style API: `import elastic.torch as hvd`.
 
 A Horovod user changes `import horovod.torch as hvd` to `import elastic.torch as hvd` and
-`horovodrun` to `elasticrun`; the names and their meaning are Horovod's.
+`horovodrun` to `elasticrun`; the names and their meaning are Horovod's. What elasticrun does
+not offer (MPI, Adasum, the timeline) raises `NotImplementedError` naming the alternative.
 """
 
 from elastic.torch import elastic
+from elastic.worker.capabilities import (
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    is_homogeneous,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+    start_timeline,
+    stop_timeline,
+)
 from elastic.worker.collectives import (
+    Adasum,
     Average,
     Handle,
     Max,
     Min,
+    ProcessSet,
     Product,
     ReduceOp,
     Sum,
+    add_process_set,
     allgather,
     allgather_async,
     allgather_object,
@@ -28,16 +47,32 @@ from elastic.worker.collectives import (
     broadcast_async,
     broadcast_async_,
     broadcast_object,
+    collective_checks,
+    global_process_set,
+    grouped_allgather,
+    grouped_allgather_async,
     grouped_allreduce,
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
     poll,
+    reducescatter,
+    reducescatter_async,
+    remove_process_set,
+    set_collective_checks,
+    sparse_allreduce_async,
     synchronize,
 )
 from elastic.worker.compression import Compression
 from elastic.worker.config import NotLaunchedError
 from elastic.worker.context import NotInitializedError
+from elastic.worker.errors import (
+    CollectiveArgumentError,
+    HostsUpdatedInterrupt,
+    WorkerLostError,
+)
 from elastic.worker.optimizer import (
     DistributedOptimizer,
     broadcast_optimizer_state,
@@ -55,18 +90,27 @@ from elastic.worker.runtime import (
     size,
 )
 
+HorovodInternalError = WorkerLostError
+
 __all__ = [
+    "Adasum",
     "Average",
+    "CollectiveArgumentError",
     "Compression",
     "DistributedOptimizer",
     "Handle",
+    "HorovodInternalError",
+    "HostsUpdatedInterrupt",
     "Max",
     "Min",
     "NotInitializedError",
     "NotLaunchedError",
+    "ProcessSet",
     "Product",
     "ReduceOp",
     "Sum",
+    "WorkerLostError",
+    "add_process_set",
     "allgather",
     "allgather_async",
     "allgather_object",
@@ -84,20 +128,44 @@ __all__ = [
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
-    "elastic",
+    "ccl_built",
+    "collective_checks",
     "cross_rank",
     "cross_size",
+    "cuda_built",
+    "ddl_built",
+    "elastic",
+    "global_process_set",
+    "gloo_built",
+    "gloo_enabled",
+    "grouped_allgather",
+    "grouped_allgather_async",
     "grouped_allreduce",
     "grouped_allreduce_",
     "grouped_allreduce_async",
     "grouped_allreduce_async_",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
     "init",
+    "is_homogeneous",
     "is_initialized",
     "local_rank",
     "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
     "poll",
     "rank",
+    "reducescatter",
+    "reducescatter_async",
+    "remove_process_set",
+    "rocm_built",
+    "set_collective_checks",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
+    "start_timeline",
+    "stop_timeline",
     "synchronize",
 ]

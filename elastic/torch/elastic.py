@@ -4,8 +4,11 @@ from elastic.state import ElasticSampler, ObjectState, State, TorchState
 from elastic.worker.elastic_run import run
 from elastic.worker.errors import HostsUpdatedInterrupt, WorkerLostError
 
+HorovodInternalError = WorkerLostError
+
 __all__ = [
     "ElasticSampler",
+    "HorovodInternalError",
     "HostsUpdatedInterrupt",
     "ObjectState",
     "State",

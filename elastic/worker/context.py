@@ -57,6 +57,7 @@ class WorkerContext:
     job_commit: int = 0  # the newest commit count the driver knew of when this epoch formed
     store: dist.Store | None = None  # this epoch's store (the driver's KV under its prefix)
     peers: PeerWatch | None = None  # probes the peers of a collective that stays blocked
+    in_flight: set[str] = field(default_factory=set)  # names of asynchronous calls not yet done
 
     @property
     def rank(self) -> int:
@@ -67,7 +68,16 @@ class WorkerContext:
         return self.slot.size
 
 
+@dataclass
+class ProcessWide:
+    """What outlives rounds in a worker process: settings made once, process sets defined."""
+
+    collective_checks: bool | None = None  # None: from the environment (see agreement.py)
+    process_sets: list[Any] = field(default_factory=list)  # ProcessSets added, in order
+
+
 _current: WorkerContext | None = None
+_process = ProcessWide()
 _graveyard: list[Any] = []  # abandoned process groups, kept alive (see process_group.py)
 
 
@@ -76,6 +86,11 @@ def current(what: str = "this call") -> WorkerContext:
     if _current is None:
         raise NotInitializedError(what)
     return _current
+
+
+def process_wide() -> ProcessWide:
+    """The process's settings and definitions that outlive rounds (a worker has one)."""
+    return _process
 
 
 def is_initialized() -> bool:

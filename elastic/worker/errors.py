@@ -19,6 +19,16 @@ class WorkerLostError(ElasticError, RuntimeError):
     """
 
 
+class CollectiveArgumentError(ElasticError, RuntimeError):
+    """The ranks called a collective with arguments that cannot work together: different
+    collectives, ops, dtypes or shapes, a root rank outside the job, a name already in flight.
+
+    Raised on every rank of the call, with the same message, before any data moves. It is a
+    usage error, not a lost peer: the run loop does not catch it (restoring and re-joining
+    would only fail again), so it ends the worker like any other exception of the script.
+    """
+
+
 class HostsUpdatedInterrupt(ElasticError, RuntimeError):
     """The job's membership changes: raised by `State.commit()` on every rank at the same step,
     or (`at_step`) by `DistributedOptimizer.step()` on every rank at the same step when a

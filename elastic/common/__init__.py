@@ -1,0 +1,1 @@
+"""Horovod's `horovod.common` names that scripts import directly."""

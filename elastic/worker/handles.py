@@ -1,0 +1,120 @@
+"""Waiting for torch.distributed work, and the `Handle` of an asynchronous collective.
+
+`wait` is the only place a worker waits on torch.distributed: it turns a lost peer or a
+broken round into `WorkerLostError` and a collective past its timeout into `RuntimeError`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from elastic.worker.context import current
+from elastic.worker.errors import WorkerLostError
+
+__all__ = ["Handle", "Pending", "complete", "poll", "synchronize", "wait"]
+
+# A launched operation: the torch.distributed works to wait for, then the post-processing
+# (averaging, unpadding, decompression, copying back) that produces the result.
+Pending = tuple[list[dist.Work], Callable[[], Any]]
+
+_WAIT_SLICE = timedelta(milliseconds=10)
+
+
+def wait(work: dist.Work) -> None:
+    """Block until `work` completes.
+
+    Waits in short slices (no latency is added: a slice returns as soon as the work is done)
+    and, between slices, checks whether the driver declared this round broken, because a Gloo
+    collective blocked on a hung peer cannot be interrupted any other way; once it has blocked
+    for a while, the peers are probed (`PeerWatch`): a partition the driver does not see is
+    reported to it, and it breaks the round. Raises `WorkerLostError` when the collective
+    fails (a peer died or closed its connections) or the round is broken, and `RuntimeError`
+    with torch's message when the collective timeout passes.
+    """
+    ctx = current("a collective")
+    started = time.monotonic()
+    deadline = started + ctx.timeout
+    while True:
+        try:
+            work.wait(timeout=_WAIT_SLICE)
+            return
+        except RuntimeError as err:
+            if "timed out" not in str(err).lower():
+                first = str(err).splitlines()[0].split(". ")[0][:200]
+                raise WorkerLostError(f"a collective of round {ctx.epoch} failed: {first}") from err
+        reason = ctx.events.broken(ctx.epoch)
+        if reason is not None:
+            raise WorkerLostError(f"round {ctx.epoch} is broken: {reason}")
+        if ctx.peers is not None and ctx.store is not None:
+            ctx.peers.blocked(ctx.store, ctx.epoch, ctx.rank, ctx.size, started)
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"a collective did not complete within {ctx.timeout:g} s (--collective-timeout)"
+            )
+
+
+def complete(pending: Pending) -> Any:
+    """Wait for every work of `pending`, then return its post-processing's result."""
+    works, finish = pending
+    for work in works:
+        wait(work)
+    return finish()
+
+
+class Handle:
+    """An asynchronous collective in flight: pass it to `synchronize()` or `poll()`.
+
+    It keeps the tensors of the operation alive until the operation is finished. A named
+    operation's name stays taken (see `agreement.py`) until it is synchronized.
+    """
+
+    __slots__ = ("_works", "_finish", "_result", "_done", "_name", "_names")
+
+    def __init__(
+        self, pending: Pending, name: str | None = None, names: set[str] | None = None
+    ) -> None:
+        self._works, self._finish = pending
+        self._result: Any = None
+        self._done = False
+        self._name, self._names = name, names
+        if name is not None and names is not None:
+            names.add(name)
+
+    def _is_completed(self) -> bool:
+        return self._done or all(work.is_completed() for work in self._works)
+
+    def _complete(self) -> Any:
+        if not self._done:
+            try:
+                self._result = complete((self._works, self._finish))
+            finally:
+                if self._name is not None and self._names is not None:
+                    self._names.discard(self._name)
+            self._done = True
+            self._works = []
+            self._finish = _no_result
+        return self._result
+
+
+def _no_result() -> None:
+    return None
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for `handle`'s operation and return its result (the same result on later calls).
+
+    Raises `WorkerLostError` (a `RuntimeError`) if a peer died or the round broke.
+    """
+    current("hvd.synchronize")
+    return handle._complete()
+
+
+def poll(handle: Handle) -> bool:
+    """True when `handle`'s operation has finished (successfully or not); never blocks."""
+    current("hvd.poll")
+    return handle._is_completed()

@@ -1,0 +1,620 @@
+"""Horovod's reducing collectives: allreduce, grouped allreduce, reducescatter (grouped too),
+and the sparse allreduce, over `torch.distributed`.
+
+Semantics are Horovod's: `op` is Average (default), Sum, Min, Max or Product; the result is
+`postscale * op(prescale * tensor)`; Average sums first and divides after (floor division
+for integers). Every dtype Horovod supports works; those a backend cannot reduce are reduced
+in a wider type and cast back (`reduction.py`).
+
+Checks: a direct call first agrees with the other ranks on its arguments (`agreement.py`);
+a mismatch raises `CollectiveArgumentError` on every rank. Failures: a lost peer or a broken
+round raises `WorkerLostError`; an in-place call that fails leaves its tensor unspecified.
+
+Gradients (Horovod's definitions): allreduce and grouped allreduce reduce the gradient with
+the same op and factors (Average and Sum only); reducescatter allgathers the gradient and
+applies the same factors (divided by the size for Average).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from elastic.worker.agreement import Call, Kind, agree, collective_checks
+from elastic.worker.compression import Compression, Compressor
+from elastic.worker.context import WorkerContext, current
+from elastic.worker.handles import Handle, Pending, complete
+from elastic.worker.process_sets import ProcessSet, Scope, global_process_set, scope
+from elastic.worker.reduction import (
+    Average,
+    ReduceOp,
+    Sum,
+    finish_,
+    resolve_op,
+    scale_,
+    torch_op,
+    wire_dtype,
+)
+
+__all__ = [
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
+    "reducescatter",
+    "reducescatter_async",
+    "sparse_allreduce_async",
+]
+
+
+def checked(
+    ctx: WorkerContext,
+    process_set: ProcessSet,
+    kind: Kind,
+    what: str,
+    tensors: Sequence[torch.Tensor],
+    *,
+    op: int = -1,
+    root: int = -1,
+    name: str | None = None,
+    ragged: bool = False,
+    check: bool = True,
+) -> tuple[Scope, list[list[int]] | None]:
+    """The call's scope, after agreeing on its arguments with the other ranks (unless the
+    check is off): the rows of every rank, or None when no check ran."""
+    where = scope(ctx, process_set, what)
+    busy = name is not None and name in ctx.in_flight
+    if not (check and collective_checks()):
+        if busy:
+            from elastic.worker.errors import CollectiveArgumentError
+
+            raise CollectiveArgumentError(f"{what}: a collective named {name!r} is in flight")
+        return where, None
+    call = Call(
+        kind=kind,
+        what=what,
+        tensors=[(t.dtype, t.shape) for t in tensors],
+        op=op,
+        root=root,
+        name=name,
+        ragged=ragged,
+        busy=busy,
+    )
+    return where, agree(where, call)
+
+
+def _start_allreduce(
+    where: Scope,
+    tensor: torch.Tensor,
+    inplace: bool,
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+    compression: type[Compressor],
+) -> Pending:
+    """Launch the reduction of `tensor`; the pending result is the reduced tensor (`tensor`
+    itself when `inplace`)."""
+    buf, cctx = compression.compress(tensor)
+    wire = wire_dtype(buf.dtype)
+    if wire != buf.dtype:
+        work = buf.to(wire, memory_format=torch.contiguous_format)
+    elif not buf.is_contiguous() or (not inplace and buf.data_ptr() == tensor.data_ptr()):
+        work = buf.clone(memory_format=torch.contiguous_format)
+    else:
+        work = buf
+    scale_(work, prescale)
+    works = []
+    if work.numel() > 0:
+        works.append(dist.all_reduce(work, op=torch_op(op), group=where.group, async_op=True))
+
+    def finish() -> torch.Tensor:
+        finish_(work, op, postscale, where.size)
+        reduced = work if work.dtype == buf.dtype else work.to(buf.dtype)
+        out = compression.decompress(reduced, cctx)
+        if inplace:
+            if out is not tensor:
+                tensor.copy_(out)
+            return tensor
+        return out
+
+    return works, finish
+
+
+class _AllreduceFunction(torch.autograd.Function):
+    """Differentiable allreduce: the gradient is allreduced with the same op and factors."""
+
+    @staticmethod
+    def forward(fctx: Any, tensor: torch.Tensor, op, pre, post, where: Scope, ps: ProcessSet):
+        fctx.op, fctx.pre, fctx.post, fctx.ps = op, pre, post, ps
+        return complete(_start_allreduce(where, tensor, False, op, pre, post, Compression.none))
+
+    @staticmethod
+    def backward(fctx: Any, grad: torch.Tensor):
+        _differentiable(fctx.op, "allreduce")
+        ctx = current("hvd.allreduce (backward)")
+        where = scope(ctx, fctx.ps, "hvd.allreduce (backward)")
+        pending = _start_allreduce(
+            where, grad.contiguous(), False, fctx.op, fctx.pre, fctx.post, Compression.none
+        )
+        return complete(pending), None, None, None, None, None
+
+
+def _differentiable(op: ReduceOp, what: str) -> None:
+    if op not in (Average, Sum):
+        raise NotImplementedError(f"{what} is differentiable only for Average and Sum")
+
+
+def allreduce(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Reduce `tensor` over the ranks (of `process_set`) into a new tensor; `tensor` is not
+    modified. Differentiable for Average and Sum."""
+    ctx = current("hvd.allreduce")
+    op = resolve_op(op, average)
+    where, _ = checked(
+        ctx, process_set, Kind.ALLREDUCE, "hvd.allreduce", [tensor], op=op, name=name
+    )
+    if tensor.requires_grad and torch.is_grad_enabled():
+        compressed, cctx = compression.compress(tensor)
+        reduced = _AllreduceFunction.apply(
+            compressed, op, prescale_factor, postscale_factor, where, process_set
+        )
+        return compression.decompress(reduced, cctx)
+    return complete(
+        _start_allreduce(where, tensor, False, op, prescale_factor, postscale_factor, compression)
+    )
+
+
+def allreduce_async(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+    compression: type[Compressor] = Compression.none,
+) -> Handle:
+    """Start `allreduce`; `synchronize(handle)` returns the new reduced tensor."""
+    ctx = current("hvd.allreduce_async")
+    op = resolve_op(op, average)
+    what = "hvd.allreduce_async"
+    where, _ = checked(ctx, process_set, Kind.ALLREDUCE, what, [tensor], op=op, name=name)
+    pending = _start_allreduce(
+        where, tensor, False, op, prescale_factor, postscale_factor, compression
+    )
+    return Handle(pending, name, ctx.in_flight)
+
+
+def allreduce_(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Reduce `tensor` in place over the ranks and return it."""
+    ctx = current("hvd.allreduce_")
+    op = resolve_op(op, average)
+    where, _ = checked(
+        ctx, process_set, Kind.ALLREDUCE, "hvd.allreduce_", [tensor], op=op, name=name
+    )
+    return complete(
+        _start_allreduce(
+            where, tensor, True, op, prescale_factor, postscale_factor, Compression.none
+        )
+    )
+
+
+def allreduce_async_(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Start `allreduce_`; `synchronize(handle)` returns `tensor`, reduced in place."""
+    ctx = current("hvd.allreduce_async_")
+    op = resolve_op(op, average)
+    what = "hvd.allreduce_async_"
+    where, _ = checked(ctx, process_set, Kind.ALLREDUCE, what, [tensor], op=op, name=name)
+    pending = _start_allreduce(
+        where, tensor, True, op, prescale_factor, postscale_factor, Compression.none
+    )
+    return Handle(pending, name, ctx.in_flight)
+
+
+# --- grouped allreduce ----------------------------------------------------------------------
+
+
+def _start_grouped_allreduce(
+    where: Scope,
+    tensors: Sequence[torch.Tensor],
+    inplace: bool,
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+    compression: type[Compressor],
+) -> Pending:
+    """One fused allreduce per (device, dtype) among `tensors`, in order of first appearance;
+    the pending result is the list of reduced tensors (`tensors` themselves when `inplace`)."""
+    tensors = list(tensors)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    parts = []
+    works: list[dist.Work] = []
+    for indices in groups.values():
+        members = [tensors[i] for i in indices]
+        flat = torch.cat([t.reshape(-1) for t in members])
+        part_works, finish = _start_allreduce(
+            where, flat, True, op, prescale, postscale, compression
+        )
+        works.extend(part_works)
+        parts.append((indices, members, finish))
+
+    def finish_all() -> list[torch.Tensor]:
+        outputs: list[torch.Tensor] = list(tensors)
+        for indices, members, finish in parts:
+            flat = finish()
+            pieces = flat.split([t.numel() for t in members])
+            for i, t, piece in zip(indices, members, pieces, strict=True):
+                if inplace:
+                    t.copy_(piece.view(t.shape))
+                else:
+                    outputs[i] = piece.view(t.shape)
+        return outputs
+
+    return works, finish_all
+
+
+class _GroupedAllreduceFunction(torch.autograd.Function):
+    """Differentiable grouped allreduce: each gradient is reduced as `allreduce`'s is."""
+
+    @staticmethod
+    def forward(fctx: Any, op, pre, post, where: Scope, ps: ProcessSet, *tensors: torch.Tensor):
+        fctx.op, fctx.pre, fctx.post, fctx.ps = op, pre, post, ps
+        pending = _start_grouped_allreduce(where, tensors, False, op, pre, post, Compression.none)
+        return tuple(complete(pending))
+
+    @staticmethod
+    def backward(fctx: Any, *grads: torch.Tensor):
+        _differentiable(fctx.op, "grouped_allreduce")
+        ctx = current("hvd.grouped_allreduce (backward)")
+        where = scope(ctx, fctx.ps, "hvd.grouped_allreduce (backward)")
+        pending = _start_grouped_allreduce(
+            where, [g.contiguous() for g in grads], False, fctx.op, fctx.pre, fctx.post,
+            Compression.none,
+        )  # fmt: skip
+        return (None, None, None, None, None, *complete(pending))
+
+
+def grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    """Reduce a list of tensors (fused into one buffer per dtype and device) into new
+    tensors, each as `allreduce` would. Differentiable for Average and Sum."""
+    ctx = current("hvd.grouped_allreduce")
+    op = resolve_op(op, average)
+    what = "hvd.grouped_allreduce"
+    where, _ = checked(ctx, process_set, Kind.GROUPED_ALLREDUCE, what, tensors, op=op, name=name)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        compressed = [compression.compress(t) for t in tensors]
+        reduced = _GroupedAllreduceFunction.apply(
+            op, prescale_factor, postscale_factor, where, process_set, *(c for c, _ in compressed)
+        )
+        return [compression.decompress(r, c) for r, (_, c) in zip(reduced, compressed, strict=True)]
+    return complete(
+        _start_grouped_allreduce(
+            where, tensors, False, op, prescale_factor, postscale_factor, compression
+        )
+    )
+
+
+def grouped_allreduce_async(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+    compression: type[Compressor] = Compression.none,
+) -> Handle:
+    """Start `grouped_allreduce`; `synchronize(handle)` returns the list of new tensors."""
+    ctx = current("hvd.grouped_allreduce_async")
+    op = resolve_op(op, average)
+    what = "hvd.grouped_allreduce_async"
+    where, _ = checked(ctx, process_set, Kind.GROUPED_ALLREDUCE, what, tensors, op=op, name=name)
+    pending = _start_grouped_allreduce(
+        where, tensors, False, op, prescale_factor, postscale_factor, compression
+    )
+    return Handle(pending, name, ctx.in_flight)
+
+
+def grouped_allreduce_(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    """Reduce a list of tensors in place and return it."""
+    ctx = current("hvd.grouped_allreduce_")
+    op = resolve_op(op, average)
+    what = "hvd.grouped_allreduce_"
+    where, _ = checked(ctx, process_set, Kind.GROUPED_ALLREDUCE, what, tensors, op=op, name=name)
+    return complete(
+        _start_grouped_allreduce(
+            where, tensors, True, op, prescale_factor, postscale_factor, Compression.none
+        )
+    )
+
+
+def grouped_allreduce_async_(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Start `grouped_allreduce_`; `synchronize(handle)` returns the list, reduced in place."""
+    ctx = current("hvd.grouped_allreduce_async_")
+    op = resolve_op(op, average)
+    what = "hvd.grouped_allreduce_async_"
+    where, _ = checked(ctx, process_set, Kind.GROUPED_ALLREDUCE, what, tensors, op=op, name=name)
+    pending = _start_grouped_allreduce(
+        where, tensors, True, op, prescale_factor, postscale_factor, Compression.none
+    )
+    return Handle(pending, name, ctx.in_flight)
+
+
+# --- reducescatter --------------------------------------------------------------------------
+
+
+def _split_rows(rows: int, size: int) -> list[int]:
+    """Horovod's split of dimension 0: the first `rows % size` ranks get one row more."""
+    return [rows // size + (1 if r < rows % size else 0) for r in range(size)]
+
+
+def _start_reducescatter(
+    where: Scope,
+    tensors: Sequence[torch.Tensor],
+    op: ReduceOp,
+    prescale: float,
+    postscale: float,
+) -> Pending:
+    """Launch one reducescatter per tensor; the pending result is this rank's slices."""
+    works: list[dist.Work] = []
+    outputs = []
+    for tensor in tensors:
+        if tensor.dim() == 0:
+            from elastic.worker.errors import CollectiveArgumentError
+
+            raise CollectiveArgumentError("hvd.reducescatter needs at least one dimension")
+        wire = wire_dtype(tensor.dtype)
+        work = tensor.to(wire, memory_format=torch.contiguous_format, copy=True)
+        scale_(work, prescale)
+        split = _split_rows(work.shape[0], where.size)
+        out = work.new_empty((split[where.rank], *work.shape[1:]))
+        if work.numel() > 0:
+            pieces = list(work.split(split))
+            works.append(
+                dist.reduce_scatter(out, pieces, op=torch_op(op), group=where.group, async_op=True)
+            )
+        outputs.append((out, tensor.dtype))
+
+    def finish() -> list[torch.Tensor]:
+        results = []
+        for out, dtype in outputs:
+            finish_(out, op, postscale, where.size)
+            results.append(out if out.dtype == dtype else out.to(dtype))
+        return results
+
+    return works, finish
+
+
+def _reducescatter_op(op: int | None) -> ReduceOp:
+    resolved = resolve_op(op, None)
+    if resolved not in (Average, Sum):
+        raise NotImplementedError("reducescatter supports only Average and Sum, as Horovod")
+    return resolved
+
+
+class _ReducescatterFunction(torch.autograd.Function):
+    """Differentiable reducescatter: the gradient is the allgathered gradient, scaled by the
+    forward's factors (and divided by the size for Average)."""
+
+    @staticmethod
+    def forward(fctx: Any, op, pre, post, where: Scope, ps: ProcessSet, *tensors: torch.Tensor):
+        fctx.op, fctx.pre, fctx.post, fctx.ps = op, pre, post, ps
+        fctx.rows = [t.shape[0] for t in tensors]
+        return tuple(complete(_start_reducescatter(where, tensors, op, pre, post)))
+
+    @staticmethod
+    def backward(fctx: Any, *grads: torch.Tensor):
+        from elastic.worker.movement import gather_rows
+
+        ctx = current("hvd.reducescatter (backward)")
+        where = scope(ctx, fctx.ps, "hvd.reducescatter (backward)")
+        factor = fctx.pre * fctx.post / (where.size if fctx.op == Average else 1)
+        gathered = []
+        for grad, rows in zip(grads, fctx.rows, strict=True):
+            full = gather_rows(where, grad.contiguous(), _split_rows(rows, where.size))
+            scale_(full, factor)
+            gathered.append(full)
+        return (None, None, None, None, None, *gathered)
+
+
+def _reducescatter(
+    what: str,
+    tensors: Sequence[torch.Tensor],
+    name: str | None,
+    compression: type[Compressor],
+    op: int | None,
+    process_set: ProcessSet,
+    prescale: float,
+    postscale: float,
+    grouped: bool,
+) -> list[torch.Tensor]:
+    ctx = current(what)
+    resolved = _reducescatter_op(op)
+    kind = Kind.GROUPED_REDUCESCATTER if grouped else Kind.REDUCESCATTER
+    where, _ = checked(ctx, process_set, kind, what, tensors, op=resolved, name=name)
+    compressed = [compression.compress(t) for t in tensors]
+    inputs = [c for c, _ in compressed]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        outs = _ReducescatterFunction.apply(
+            resolved, prescale, postscale, where, process_set, *inputs
+        )
+    else:
+        outs = complete(_start_reducescatter(where, inputs, resolved, prescale, postscale))
+    return [compression.decompress(o, c) for o, (_, c) in zip(outs, compressed, strict=True)]
+
+
+def reducescatter(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int | None = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
+    """Reduce `tensor` over the ranks and return this rank's slice of dimension 0 (the first
+    `rows % size` ranks get one row more). Average or Sum; differentiable."""
+    return _reducescatter(
+        "hvd.reducescatter", [tensor], name, compression, op, process_set,
+        prescale_factor, postscale_factor, grouped=False,
+    )[0]  # fmt: skip
+
+
+def grouped_reducescatter(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int | None = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[torch.Tensor]:
+    """`reducescatter` of each tensor of a list; differentiable."""
+    return _reducescatter(
+        "hvd.grouped_reducescatter", list(tensors), name, compression, op, process_set,
+        prescale_factor, postscale_factor, grouped=True,
+    )  # fmt: skip
+
+
+def _reducescatter_async(
+    what: str,
+    tensors: Sequence[torch.Tensor],
+    name: str | None,
+    op: int | None,
+    process_set: ProcessSet,
+    prescale: float,
+    postscale: float,
+    grouped: bool,
+) -> Handle:
+    ctx = current(what)
+    resolved = _reducescatter_op(op)
+    kind = Kind.GROUPED_REDUCESCATTER if grouped else Kind.REDUCESCATTER
+    where, _ = checked(ctx, process_set, kind, what, tensors, op=resolved, name=name)
+    works, finish = _start_reducescatter(where, tensors, resolved, prescale, postscale)
+    result = finish if grouped else (lambda: finish()[0])
+    return Handle((works, result), name, ctx.in_flight)
+
+
+def reducescatter_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    op: int | None = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Start `reducescatter`; `synchronize(handle)` returns this rank's slice."""
+    return _reducescatter_async(
+        "hvd.reducescatter_async", [tensor], name, op, process_set,
+        prescale_factor, postscale_factor, grouped=False,
+    )  # fmt: skip
+
+
+def grouped_reducescatter_async(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    op: int | None = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Start `grouped_reducescatter`; `synchronize(handle)` returns the list of slices."""
+    return _reducescatter_async(
+        "hvd.grouped_reducescatter_async", list(tensors), name, op, process_set,
+        prescale_factor, postscale_factor, grouped=True,
+    )  # fmt: skip
+
+
+# --- sparse ---------------------------------------------------------------------------------
+
+
+def sparse_allreduce_async(
+    tensor: torch.Tensor,
+    name: str | None,
+    op: int | None,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Start the allreduce of a sparse COO tensor, as Horovod: indices and values are
+    allgathered (duplicates are summed when the result is coalesced); Average divides the
+    values by the size. `synchronize(handle)` returns the sparse result."""
+    from elastic.worker.movement import allgather_async
+
+    resolved = resolve_op(op, None)
+    if resolved not in (Average, Sum):
+        raise NotImplementedError("sparse_allreduce_async supports only Average and Sum")
+    source = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    base = name or "sparse"
+    indices = allgather_async(
+        source.indices().t().contiguous(), name=f"{base}.indices", process_set=process_set
+    )
+    values = allgather_async(source.values(), name=f"{base}.values", process_set=process_set)
+    size = len(process_set.ranks)
+
+    def finish() -> torch.Tensor:
+        gathered_values = values._complete()
+        gathered_indices = indices._complete()
+        if resolved == Average:
+            gathered_values = gathered_values / size
+        return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, source.shape)
+
+    return Handle(([], finish))
