@@ -152,7 +152,9 @@ def agree(scope: Scope, call: Call) -> list[list[int]]:
     rows = rows_out.view(scope.size, WIDTH).tolist()
     problem = _disagreement(rows, call, scope.members)
     if problem:
-        raise CollectiveArgumentError(f"{call.what}: {problem}")
+        # Ranks in different collectives name none of them, so every rank says the same.
+        what = "hvd collectives" if problem.startswith(_DIFFERENT) else call.what
+        raise CollectiveArgumentError(f"{what}: {problem}")
     return rows
 
 
@@ -178,6 +180,7 @@ def _trailing_shape(row: list[int]) -> str:
     return "[*" + _shape(row)[1:] if row[NDIM] else "[] (a scalar)"
 
 
+_DIFFERENT = "the ranks called different collectives"
 _KIND_NAMES = {kind: kind.name.lower() for kind in Kind}
 _OP_NAMES = {-1: "none", 0: "Average", 1: "Sum", 2: "Adasum", 3: "Min", 4: "Max", 5: "Product"}
 
