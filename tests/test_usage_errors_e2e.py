@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-SCRIPT = '''
+SCRIPT = """
 import torch
 import elastic.torch as hvd
 
@@ -23,7 +23,7 @@ def train(state):
 
 
 train(state)
-'''
+"""
 
 
 def test_a_mismatched_collective_ends_the_job_with_one_clear_error(
