@@ -360,3 +360,65 @@ def _checks_off() -> float:
 
 def test_the_cross_rank_check_can_be_turned_off() -> None:
     assert run_group(_checks_off, 2) == [6.0, 6.0]
+
+
+def _join_direct() -> dict[str, Any]:
+    rank = current("test").rank
+    sums = [hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() for _ in range(rank + 1)]
+    if rank == 2:
+        hvd.barrier()  # the others take part from inside join()
+    last = hvd.join()
+    after = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()  # everyone is back
+    return {"sums": sums, "last": last, "after": after}
+
+
+def test_join_lets_ranks_with_uneven_data_finish_direct_allreduces() -> None:
+    results = run_group(_join_direct, 3)
+    for rank, result in enumerate(results):
+        # The k-th allreduce is made by the ranks that still have data; joined ranks add 0.
+        assert result["sums"] == [[3.0 - k] * 2 for k in range(rank + 1)]
+        assert result["last"] == 2
+        assert result["after"] == 3.0
+
+
+def _join_optimizer() -> dict[str, Any]:
+    rank = current("test").rank
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1, bias=False)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
+    for step in range(rank + 1):  # rank r has r + 1 batches
+        optimizer.zero_grad()
+        x = torch.full((1, 3), float(rank + 1 + step))
+        model(x).sum().backward()
+        optimizer.step()
+    last = hvd.join()
+    error = None
+    try:
+        hvd.broadcast(torch.ones(1), root_rank=0) if rank == 0 else hvd.join()
+    except hvd.CollectiveArgumentError as err:
+        error = str(err)
+    return {"weight": model.weight.detach().clone(), "last": last, "error": error}
+
+
+def _join_optimizer_reference(size: int) -> torch.Tensor:
+    torch.manual_seed(0)
+    weight = torch.nn.Linear(3, 1, bias=False).weight.detach().clone()
+    for step in range(size):
+        # gradient of sum(w . x) is x; ranks without a batch add zeros; average over size
+        grad = (
+            sum(torch.full((1, 3), float(r + 1 + step)) for r in range(size) if step < r + 1) / size
+        )
+        weight -= 0.1 * grad
+    return weight
+
+
+def test_join_lets_ranks_with_uneven_data_finish_a_distributed_optimizer_loop() -> None:
+    results = run_group(_join_optimizer, 3)
+    expected = _join_optimizer_reference(3)
+    for result in results:
+        torch.testing.assert_close(result["weight"], expected)
+        assert result["last"] == 2
+    errors = {r["error"] for r in results}
+    assert len(errors) == 1 and "cannot run while" in errors.pop()

@@ -73,6 +73,7 @@ from elastic.worker.errors import (
     HostsUpdatedInterrupt,
     WorkerLostError,
 )
+from elastic.worker.join import join
 from elastic.worker.optimizer import (
     DistributedOptimizer,
     broadcast_optimizer_state,
@@ -149,6 +150,7 @@ __all__ = [
     "init",
     "is_homogeneous",
     "is_initialized",
+    "join",
     "local_rank",
     "local_size",
     "mpi_built",

@@ -33,6 +33,8 @@ __all__ = [
     "Call",
     "Kind",
     "agree",
+    "exchange",
+    "raise_disagreement",
     "check_root",
     "collective_checks",
     "set_collective_checks",
@@ -53,6 +55,8 @@ class Kind(enum.IntEnum):
     REDUCESCATTER = 7
     GROUPED_REDUCESCATTER = 8
     BARRIER = 9
+    STEP = 10  # a DistributedOptimizer step: its buckets' allreduces follow
+    JOINED = 11  # a rank inside hvd.join(): it takes part in the others' allreduces
 
 
 # Every dtype a row can name, in a fixed order (the code is the index).
@@ -73,7 +77,9 @@ DTYPES = (
 _SHOWN_DIMS = 4  # a row holds the first four dimensions; a hash stands for the rest
 
 # The row's columns.
-KIND, OP, DTYPE, NDIM, DIM0, DIM1, DIM2, DIM3, REST, ROOT, NAME, BUSY, TENSORS, WIDTH = range(14)
+(KIND, OP, DTYPE, NDIM, DIM0, DIM1, DIM2, DIM3, REST, ROOT, NAME, BUSY, TENSORS, NUMEL,
+ DEVICE, JOINED, WIDTH) = range(17)  # fmt: skip
+_RAGGED = {3, 4, 6}  # allgather, grouped allgather, alltoall: dimension 0 may differ
 
 
 def _crc(text: str) -> int:
@@ -95,7 +101,8 @@ class Call:
 
     `tensors` are the (dtype, shape) of its tensors (one, or several for a grouped call);
     `ragged` means dimension 0 may differ between ranks (allgather, alltoall). `op` and
-    `root` are -1 where they do not apply; `root` is the rank in the group.
+    `root` are -1 where they do not apply; `root` is a job rank. `cuda`: the tensors are on a
+    GPU (a joined rank's zeros must go the same way).
     """
 
     kind: Kind
@@ -106,12 +113,15 @@ class Call:
     name: str | None = None
     ragged: bool = False
     busy: bool = field(default=False, compare=False)
+    cuda: bool = False
 
     def row(self) -> list[int]:
         row = [0] * WIDTH
         row[KIND], row[OP], row[ROOT], row[BUSY] = self.kind, self.op, self.root, self.busy
         row[NAME] = 0 if self.name is None else 1 + _crc(self.name)
         row[TENSORS] = len(self.tensors)
+        row[NUMEL] = sum(shape.numel() for _, shape in self.tensors)
+        row[DEVICE] = 1 if self.cuda else 0
         if len(self.tensors) == 1:
             dtype, shape = self.tensors[0]
             row[DTYPE], row[NDIM] = _dtype_code(dtype), len(shape)
@@ -138,31 +148,46 @@ def set_collective_checks(enabled: bool) -> None:
     context.process_wide().collective_checks = bool(enabled)
 
 
+def exchange(scope: Scope, row: list[int]) -> list[list[int]]:
+    """Allgather one row per member of `scope`; the rows in the members' order. Raises
+    `WorkerLostError` when a peer is lost meanwhile."""
+    mine = torch.tensor(row, dtype=torch.int64)
+    rows_out = torch.empty(scope.size * WIDTH, dtype=torch.int64)
+    wait(dist.all_gather_single(rows_out, mine, group=scope.group, async_op=True))
+    return rows_out.view(scope.size, WIDTH).tolist()
+
+
 def agree(scope: Scope, call: Call) -> list[list[int]]:
     """Exchange `call`'s row with every member of `scope` and return all rows in their order.
 
     Raises `CollectiveArgumentError`, with the same message on every rank, when the calls do
     not match (collective, op, dtype, shape, root, name), when a root rank is not a member,
-    or when a rank already has a call of the same name in flight; `WorkerLostError` when a
-    peer is lost meanwhile.
+    when a rank already has a call of the same name in flight, or when the call cannot run
+    while a rank has joined (`join.py`); `WorkerLostError` when a peer is lost meanwhile.
     """
-    mine = torch.tensor(call.row(), dtype=torch.int64)
-    rows_out = torch.empty(scope.size * WIDTH, dtype=torch.int64)
-    wait(dist.all_gather_single(rows_out, mine, group=scope.group, async_op=True))
-    rows = rows_out.view(scope.size, WIDTH).tolist()
-    problem = _disagreement(rows, call, scope.members)
-    if problem:
-        # Ranks in different collectives name none of them, so every rank says the same.
-        what = "hvd collectives" if problem.startswith(_DIFFERENT) else call.what
-        raise CollectiveArgumentError(f"{what}: {problem}")
+    rows = exchange(scope, call.row())
+    raise_disagreement(rows, scope.members)
     return rows
 
 
-def _by_rank(rows: list[list[int]], show) -> str:
+def raise_disagreement(rows: list[list[int]], members: Sequence[int]) -> None:
+    """Raise the `CollectiveArgumentError` that `rows` call for, if any: computed from the
+    rows alone, so every rank (a joined one too) raises the same."""
+    problem = _disagreement(rows, members)
+    if problem:
+        raise CollectiveArgumentError(problem)
+
+
+# Calls that can run while a rank has joined: it contributes zeros (or nothing).
+_WITH_JOINED = {Kind.ALLREDUCE, Kind.BARRIER, Kind.STEP}
+
+
+def _by_rank(rows: list[list[int]], show, skip=lambda row: False) -> str:
     """'rank 0, 2: a; rank 1: b': each distinct value with the ranks that gave it."""
     groups: dict[str, list[int]] = {}
     for rank, row in enumerate(rows):
-        groups.setdefault(show(row), []).append(rank)
+        if not skip(row):
+            groups.setdefault(show(row), []).append(rank)
     return "; ".join(
         f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {value}"
         for value, ranks in groups.items()
@@ -185,58 +210,81 @@ _KIND_NAMES = {kind: kind.name.lower() for kind in Kind}
 _OP_NAMES = {-1: "none", 0: "Average", 1: "Sum", 2: "Adasum", 3: "Min", 4: "Max", 5: "Product"}
 
 
-def _disagreement(rows: list[list[int]], call: Call, members: Sequence[int]) -> str | None:
-    """What is wrong with the calls in `rows` (the same text on every rank), or None."""
+def _disagreement(all_rows: list[list[int]], members: Sequence[int]) -> str | None:
+    """What is wrong with the calls in `all_rows` (the same text on every rank), or None."""
+    rows = [row for row in all_rows if row[KIND] != Kind.JOINED]
+    joined = [members[i] for i, row in enumerate(all_rows) if row[KIND] == Kind.JOINED]
+    if not rows:
+        return None
 
     def differs(*columns: int) -> bool:
         return any([row[c] for c in columns] != [rows[0][c] for c in columns] for row in rows)
 
+    def by_rank(show) -> str:
+        return _by_rank(all_rows, show, skip=lambda r: r[KIND] == Kind.JOINED)
+
     if differs(KIND):
         return (
-            "the ranks called different collectives ("
-            + _by_rank(rows, lambda r: _KIND_NAMES.get(r[KIND], str(r[KIND])))
+            "hvd collectives: "
+            + _DIFFERENT
+            + " ("
+            + by_rank(lambda r: _KIND_NAMES.get(r[KIND], str(r[KIND])))
             + ")"
+        )
+    kind = rows[0][KIND]
+    what = f"hvd.{_KIND_NAMES.get(kind, kind)}"
+    if joined and (kind not in _WITH_JOINED or rows[0][OP] not in (-1, 0, 1)):
+        return (
+            f"{what}: cannot run while rank{'s' if len(joined) > 1 else ''} "
+            f"{', '.join(map(str, joined))} ha{'ve' if len(joined) > 1 else 's'} joined "
+            "(hvd.join); only allreduce with Average or Sum, barrier and "
+            "DistributedOptimizer steps can"
         )
     if differs(TENSORS):
         return (
-            "the ranks passed different numbers of tensors ("
-            + _by_rank(rows, lambda r: str(r[TENSORS]))
+            f"{what}: the ranks passed different numbers of tensors ("
+            + by_rank(lambda r: str(r[TENSORS]))
             + ")"
         )
     if differs(OP):
         return (
-            "the ranks asked for different reduction ops ("
-            + _by_rank(rows, lambda r: _OP_NAMES.get(r[OP], str(r[OP])))
+            f"{what}: the ranks asked for different reduction ops ("
+            + by_rank(lambda r: _OP_NAMES.get(r[OP], str(r[OP])))
             + ")"
         )
     if differs(DTYPE):
         return (
-            "the ranks' tensors differ in dtype ("
-            + _by_rank(rows, lambda r: _dtype_name(r[DTYPE]))
+            f"{what}: the ranks' tensors differ in dtype ("
+            + by_rank(lambda r: _dtype_name(r[DTYPE]))
             + ")"
         )
-    if call.ragged:
+    if kind in _RAGGED:
         if differs(NDIM, DIM1, DIM2, DIM3, REST):
-            what = "the ranks' tensors differ in shape beyond dimension 0 ("
-            return what + _by_rank(rows, _trailing_shape) + ")"
-    elif differs(NDIM, DIM0, DIM1, DIM2, DIM3, REST):
-        if rows[0][TENSORS] > 1:
-            return "the ranks' lists of tensors differ in dtypes or shapes"
-        return "the ranks' tensors differ in shape (" + _by_rank(rows, _shape) + ")"
+            return (
+                f"{what}: the ranks' tensors differ in shape beyond dimension 0 ("
+                + by_rank(_trailing_shape)
+                + ")"
+            )
+    elif differs(NDIM, DIM0, DIM1, DIM2, DIM3, REST, NUMEL):
+        if rows[0][TENSORS] > 1 or kind == Kind.STEP:
+            return f"{what}: the ranks' lists of tensors differ in dtypes or shapes"
+        return f"{what}: the ranks' tensors differ in shape (" + by_rank(_shape) + ")"
     if any(row[ROOT] != -1 and row[ROOT] not in members for row in rows):
-        return f"root rank not among the ranks of the call ({_ranges(members)}): " + _by_rank(
-            rows, lambda r: str(r[ROOT])
+        return f"{what}: root rank not among the ranks of the call ({_ranges(members)}): " + (
+            by_rank(lambda r: str(r[ROOT]))
         )
     if differs(ROOT):
         return (
-            "the ranks named different root ranks (" + _by_rank(rows, lambda r: str(r[ROOT])) + ")"
+            f"{what}: the ranks named different root ranks ("
+            + by_rank(lambda r: str(r[ROOT]))
+            + ")"
         )
     if differs(NAME):
-        return "the ranks gave the call different names"
-    busy = [rank for rank, row in enumerate(rows) if row[BUSY]]
+        return f"{what}: the ranks gave the call different names"
+    busy = [members[i] for i, row in enumerate(all_rows) if row[BUSY]]
     if busy:
         return (
-            "a collective of the same name is already in flight on rank"
+            f"{what}: a collective of the same name is already in flight on rank"
             f"{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))}; "
             "synchronize it first or use another name"
         )

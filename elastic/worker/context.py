@@ -74,6 +74,8 @@ class ProcessWide:
 
     collective_checks: bool | None = None  # None: from the environment (see agreement.py)
     process_sets: list[Any] = field(default_factory=list)  # ProcessSets added, in order
+    # weak references to DistributedOptimizers' gradient reducers, in order of creation
+    optimizers: list[Any] = field(default_factory=list)
 
 
 _current: WorkerContext | None = None

@@ -13,13 +13,21 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from elastic.worker import collectives
+from elastic.worker import collectives, context
+from elastic.worker.agreement import (
+    WIDTH,
+    Call,
+    Kind,
+    collective_checks,
+    raise_disagreement,
+)
 from elastic.worker.collectives import Average, ReduceOp, Sum
 from elastic.worker.compression import Compression, Compressor
 from elastic.worker.context import current
@@ -138,6 +146,11 @@ class _GradientReducer:
         self.word = _LeaveWord()
         self.counts = [0] * len(params)
         self.next_launch = 0
+        # Its optimizer's place among the process's (the same on every rank), and its step's
+        # agreement row exchange while in flight: hvd.join's ranks read it.
+        self.index = -1
+        self.joined = False  # stepping from inside hvd.join(): no row of its own
+        self.step_rows: tuple[dist.Work, torch.Tensor] | None = None
         self.hooks = []
         for b, bucket in enumerate(self.buckets):
             for i, p in zip(bucket.indices, bucket.params, strict=True):
@@ -176,9 +189,24 @@ class _GradientReducer:
             self.abandon()
             raise
 
+    def _step_row(self) -> list[int]:
+        described = [
+            (b.params[0].dtype, torch.Size([sum(b.numels) + b.words])) for b in self.buckets
+        ]
+        cuda = bool(self.buckets) and self.buckets[0].params[0].is_cuda
+        call = Call(Kind.STEP, "DistributedOptimizer", described, op=self.index, cuda=cuda)
+        return call.row()
+
     @torch.no_grad()
     def _launch(self, bucket: _Bucket) -> None:
         ctx = current("DistributedOptimizer")
+        if self.next_launch == 0 and not self.joined and collective_checks():
+            # One small exchange per step, before the first bucket, so that a rank inside
+            # hvd.join() knows a step comes; it overlaps the backward pass.
+            mine = torch.tensor(self._step_row(), dtype=torch.int64)
+            rows = torch.empty(ctx.size * WIDTH, dtype=torch.int64)
+            work = dist.all_gather_single(rows, mine, group=ctx.group, async_op=True)
+            self.step_rows = (work, rows)
         flat = bucket.buffer()
         grads = [p.grad for p in bucket.params]
         if all(g is not None and not g.is_sparse for g in grads):
@@ -208,6 +236,10 @@ class _GradientReducer:
         """
         self._launch_until(lambda b: True)
         try:
+            if self.step_rows is not None:
+                work, rows = self.step_rows
+                collectives._wait(work)
+                raise_disagreement(rows.view(size, WIDTH).tolist(), range(size))
             factor = self.postscale / size if self.op == Average else self.postscale
             for bucket in self.buckets:
                 self._finish(bucket, factor, round_)
@@ -253,6 +285,7 @@ class _GradientReducer:
             bucket.remaining = len(bucket.params)
             bucket.pending = None
         self.next_launch = 0
+        self.step_rows = None
 
     def abandon(self) -> None:
         """Forget the current round after a failure; the next backward starts a new one.
@@ -319,6 +352,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.synchronize()
         self._synchronized = False
         return super().step(closure)
+
+    @torch.no_grad()
+    def step_joined(self) -> None:
+        """Take part in the others' step from inside `hvd.join()`: this rank's gradients
+        count as zeros, and it applies the same reduced gradients, so its parameters stay
+        equal to the others'."""
+        reducer = self._reducer
+        for bucket in reducer.buckets:
+            for p in bucket.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                else:
+                    p.grad.zero_()
+        reducer.joined = True
+        try:
+            self.synchronize()
+        finally:
+            reducer.joined = False
+        self._synchronized = False
+        super().step()
 
     # The wrapped class's step already runs torch's step hooks; keep torch from wrapping ours.
     step.hooked = True  # type: ignore[attr-defined]
@@ -413,6 +466,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     )
     wrapped._should_synchronize = True
     wrapped._synchronized = False
+    registry = context.process_wide().optimizers
+    wrapped._reducer.index = len(registry)
+    registry.append(weakref.ref(wrapped))
     return wrapped
 
 

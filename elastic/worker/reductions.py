@@ -88,6 +88,7 @@ def checked(
         name=name,
         ragged=ragged,
         busy=busy,
+        cuda=any(t.is_cuda for t in tensors),
     )
     return where, agree(where, call)
 
@@ -100,10 +101,11 @@ def _start_allreduce(
     prescale: float,
     postscale: float,
     compression: type[Compressor],
+    compressed: tuple[torch.Tensor, Any] | None = None,
 ) -> Pending:
-    """Launch the reduction of `tensor`; the pending result is the reduced tensor (`tensor`
-    itself when `inplace`)."""
-    buf, cctx = compression.compress(tensor)
+    """Launch the reduction of `tensor` (already `compressed` by `compression`, if given);
+    the pending result is the reduced tensor (`tensor` itself when `inplace`)."""
+    buf, cctx = compressed if compressed is not None else compression.compress(tensor)
     wire = wire_dtype(buf.dtype)
     if wire != buf.dtype:
         work = buf.to(wire, memory_format=torch.contiguous_format)
@@ -167,17 +169,26 @@ def allreduce(
     modified. Differentiable for Average and Sum."""
     ctx = current("hvd.allreduce")
     op = resolve_op(op, average)
+    compressed, cctx = compression.compress(tensor)
     where, _ = checked(
-        ctx, process_set, Kind.ALLREDUCE, "hvd.allreduce", [tensor], op=op, name=name
+        ctx, process_set, Kind.ALLREDUCE, "hvd.allreduce", [compressed], op=op, name=name
     )
     if tensor.requires_grad and torch.is_grad_enabled():
-        compressed, cctx = compression.compress(tensor)
         reduced = _AllreduceFunction.apply(
             compressed, op, prescale_factor, postscale_factor, where, process_set
         )
         return compression.decompress(reduced, cctx)
     return complete(
-        _start_allreduce(where, tensor, False, op, prescale_factor, postscale_factor, compression)
+        _start_allreduce(
+            where,
+            tensor,
+            False,
+            op,
+            prescale_factor,
+            postscale_factor,
+            compression,
+            (compressed, cctx),
+        )  # fmt: skip
     )
 
 
@@ -195,9 +206,10 @@ def allreduce_async(
     ctx = current("hvd.allreduce_async")
     op = resolve_op(op, average)
     what = "hvd.allreduce_async"
-    where, _ = checked(ctx, process_set, Kind.ALLREDUCE, what, [tensor], op=op, name=name)
+    compressed = compression.compress(tensor)
+    where, _ = checked(ctx, process_set, Kind.ALLREDUCE, what, [compressed[0]], op=op, name=name)
     pending = _start_allreduce(
-        where, tensor, False, op, prescale_factor, postscale_factor, compression
+        where, tensor, False, op, prescale_factor, postscale_factor, compression, compressed
     )
     return Handle(pending, name, ctx.in_flight)
 

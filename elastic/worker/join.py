@@ -1,0 +1,86 @@
+"""`hvd.join()`: a rank that has run out of data waits for the others while taking part in
+their allreduces with zeros, as Horovod's join does, so that ranks with uneven data finish.
+
+A joined rank answers each call's agreement row (`agreement.py`) with a JOINED row; then,
+for an allreduce (Average or Sum) it contributes zeros of the row's dtype and size, for a
+`DistributedOptimizer` step zero gradients, and it applies that step's reduced gradients
+too, so its parameters stay equal to the others'; for a barrier nothing more. Averages
+still divide by the number of ranks, joined ones included. Other collectives cannot run
+while a rank has joined: every rank raises the same `CollectiveArgumentError`. Once every
+rank has joined, `join()` returns on each the rank that joined last (the highest of those
+that joined at the same moment).
+
+It needs the cross-rank check (on by default): without it a joined rank cannot see what the
+others call. A lost peer meanwhile raises `WorkerLostError`, as any collective does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from elastic.worker import context
+from elastic.worker.agreement import (
+    DEVICE,
+    DTYPE,
+    DTYPES,
+    JOINED,
+    KIND,
+    NUMEL,
+    OP,
+    WIDTH,
+    Kind,
+    collective_checks,
+    exchange,
+    raise_disagreement,
+)
+from elastic.worker.errors import CollectiveArgumentError
+from elastic.worker.handles import wait
+from elastic.worker.process_sets import Scope, global_process_set, scope
+from elastic.worker.reduction import wire_dtype
+
+__all__ = ["join"]
+
+_NEWLY, _ALREADY = 1, 2  # a joined row: first exchange since join() was called, or a later one
+
+
+def join(device: int = -1) -> int:
+    """Wait until every rank has called `join()`, taking part in the others' allreduces and
+    optimizer steps meanwhile; return the rank that joined last. `device` is accepted for
+    Horovod compatibility (the zeros go where the others' tensors are)."""
+    ctx = context.current("hvd.join")
+    if not collective_checks():
+        raise CollectiveArgumentError(
+            "hvd.join needs the cross-rank check of collectives (hvd.set_collective_checks)"
+        )
+    where = scope(ctx, global_process_set, "hvd.join")
+    state = _NEWLY
+    while True:
+        row = [0] * WIDTH
+        row[KIND], row[OP], row[JOINED] = Kind.JOINED, -1, state
+        rows = exchange(where, row)
+        state = _ALREADY
+        raise_disagreement(rows, where.members)
+        active = [r for r in rows if r[KIND] != Kind.JOINED]
+        if not active:
+            newly = [where.members[i] for i, r in enumerate(rows) if r[JOINED] == _NEWLY]
+            return max(newly) if newly else where.members[-1]
+        _take_part(where, active[0], ctx.device)
+
+
+def _take_part(where: Scope, call: list[int], device: torch.device) -> None:
+    """Contribute zeros to the call the active ranks make (the agreement allowed it)."""
+    on = device if call[DEVICE] else torch.device("cpu")
+    if call[KIND] == Kind.ALLREDUCE:
+        dtype = wire_dtype(DTYPES[call[DTYPE]])
+        zeros = torch.zeros(call[NUMEL], dtype=dtype, device=on)
+        if zeros.numel():
+            wait(dist.all_reduce(zeros, group=where.group, async_op=True))
+    elif call[KIND] == Kind.STEP:
+        optimizers = context.process_wide().optimizers
+        optimizer = optimizers[call[OP]]() if 0 <= call[OP] < len(optimizers) else None
+        if optimizer is None:
+            raise CollectiveArgumentError(
+                "hvd.join: the others step a DistributedOptimizer this rank does not have"
+            )
+        optimizer.step_joined()
