@@ -422,3 +422,41 @@ def test_join_lets_ranks_with_uneven_data_finish_a_distributed_optimizer_loop() 
         assert result["last"] == 2
     errors = {r["error"] for r in results}
     assert len(errors) == 1 and "cannot run while" in errors.pop()
+
+
+def _sync_batch_norm_batch(rank: int) -> torch.Tensor:
+    return torch.randn(2 + rank, 3, 4, generator=torch.Generator().manual_seed(rank + 7))
+
+
+def _sync_batch_norm() -> dict[str, Any]:
+    rank = current("test").rank
+    torch.manual_seed(1)
+    bn = hvd.SyncBatchNorm(3)
+    x = _sync_batch_norm_batch(rank).requires_grad_()
+    y = bn(x)
+    (y * (rank + 1)).pow(2).sum().backward()
+    return {
+        "y": y.detach(),
+        "x_grad": x.grad,
+        "w_grad": bn.weight.grad,
+        "running_mean": bn.running_mean.clone(),
+        "running_var": bn.running_var.clone(),
+    }
+
+
+def test_sync_batch_norm_normalizes_over_every_ranks_batch() -> None:
+    size = 3
+    results = run_group(_sync_batch_norm, size)
+    torch.manual_seed(1)
+    bn = torch.nn.BatchNorm1d(3)
+    xs = [_sync_batch_norm_batch(r).requires_grad_() for r in range(size)]
+    y = bn(torch.cat(xs))
+    pieces = y.split([x.shape[0] for x in xs])
+    sum((p * (r + 1)).pow(2).sum() for r, p in enumerate(pieces)).backward()
+    weight_grads = torch.stack([r["w_grad"] for r in results]).sum(0)
+    torch.testing.assert_close(weight_grads, bn.weight.grad)
+    for rank, result in enumerate(results):
+        torch.testing.assert_close(result["y"], pieces[rank].detach())
+        torch.testing.assert_close(result["x_grad"], xs[rank].grad)
+        torch.testing.assert_close(result["running_mean"], bn.running_mean)
+        torch.testing.assert_close(result["running_var"], bn.running_var)

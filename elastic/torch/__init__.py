@@ -90,6 +90,7 @@ from elastic.worker.runtime import (
     shutdown,
     size,
 )
+from elastic.worker.sync_batch_norm import SyncBatchNorm
 
 HorovodInternalError = WorkerLostError
 
@@ -110,6 +111,7 @@ __all__ = [
     "Product",
     "ReduceOp",
     "Sum",
+    "SyncBatchNorm",
     "WorkerLostError",
     "add_process_set",
     "allgather",
