@@ -39,10 +39,18 @@ def wait(work: dist.Work) -> None:
     ctx = current("a collective")
     started = time.monotonic()
     deadline = started + ctx.timeout
+    on_gpu = ctx.device.type == "cuda"
     while True:
         try:
-            work.wait(timeout=_WAIT_SLICE)
-            return
+            if on_gpu:
+                # NCCL's wait() only makes the current CUDA stream wait: a collective stuck on
+                # a dead peer would block the next CUDA call instead. Poll its completion.
+                if _completed_within(work, _WAIT_SLICE.total_seconds()):
+                    work.wait()
+                    return
+            else:
+                work.wait(timeout=_WAIT_SLICE)
+                return
         except RuntimeError as err:
             if "timed out" not in str(err).lower():
                 first = str(err).splitlines()[0].split(". ")[0][:200]
@@ -56,6 +64,19 @@ def wait(work: dist.Work) -> None:
             raise RuntimeError(
                 f"a collective did not complete within {ctx.timeout:g} s (--collective-timeout)"
             )
+
+
+def _completed_within(work: dist.Work, seconds: float) -> bool:
+    """Whether `work` completes within `seconds`, polling without blocking on it (a failed
+    work raises its error from `is_completed` or the `wait` that follows)."""
+    until = time.monotonic() + seconds
+    pause = 0.00005
+    while not work.is_completed():
+        if time.monotonic() >= until:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.001)
+    return True
 
 
 def complete(pending: Pending) -> Any:

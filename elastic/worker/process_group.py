@@ -72,13 +72,34 @@ def _reset_group_names() -> None:
 def abandon_group() -> None:
     """Drop the current default process group without waiting for it.
 
-    A collective of the old group may still be blocked on a dead or hung peer, and destroying
-    the group would join its threads; instead the group object is kept alive (in the
+    Its NCCL communicators, if any, are aborted first (`abort_nccl`). A collective of the old
+    group may still be blocked on a dead or hung peer, and destroying the group would join
+    its threads; instead the group object is kept alive (in the
     process-wide context's graveyard) and unregistered, so a new default group can form at
     once. Its threads end when the dead peer's sockets close.
     """
     if not dist.is_initialized():
         return
     group = dist.group.WORLD
+    abort_nccl(group)
     context.bury(group)
     dist.destroy_process_group()
+
+
+def abort_nccl(group: dist.ProcessGroup) -> bool:
+    """Abort `group`'s NCCL communicators, if it has any; True if it did.
+
+    A survivor's CUDA stream stays blocked on a collective whose peer died until its
+    communicator is aborted (NCCL's guidance: surviving ranks call ncclCommAbort); the next
+    round then builds new communicators. Gloo has nothing to abort (its blocked collectives
+    are left behind, see above)."""
+    if not (dist.is_nccl_available() and torch.cuda.is_available()):
+        return False
+    try:
+        backend = group._get_backend(torch.device("cuda"))
+    except RuntimeError:
+        return False
+    if not isinstance(backend, dist.ProcessGroupNCCL):
+        return False
+    backend.abort()
+    return True

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from elastic.worker import context
 from elastic.worker.context import WorkerContext
 from elastic.worker.errors import CollectiveArgumentError
+from elastic.worker.process_group import abort_nccl
 
 __all__ = [
     "ProcessSet",
@@ -83,6 +84,7 @@ class ProcessSet:
             return ctx.group
         if self._round != ctx.epoch or self._group is None:
             if self._group is not None:
+                abort_nccl(self._group)
                 context.bury(self._group)  # its round's collectives may still be blocked
             self._group = dist.new_group(
                 list(members),
