@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from elastic.worker import context
 from elastic.worker.errors import CollectiveArgumentError
 from elastic.worker.handles import wait
 from elastic.worker.process_sets import Scope
+from elastic.worker.torch_versions import all_gather_single
 
 __all__ = [
     "Call",
@@ -153,7 +153,7 @@ def exchange(scope: Scope, row: list[int]) -> list[list[int]]:
     `WorkerLostError` when a peer is lost meanwhile."""
     mine = torch.tensor(row, dtype=torch.int64)
     rows_out = torch.empty(scope.size * WIDTH, dtype=torch.int64)
-    wait(dist.all_gather_single(rows_out, mine, group=scope.group, async_op=True))
+    wait(all_gather_single(rows_out, mine, group=scope.group, async_op=True))
     return rows_out.view(scope.size, WIDTH).tolist()
 
 

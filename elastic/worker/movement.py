@@ -28,6 +28,7 @@ from elastic.worker.handles import Handle, Pending, complete, wait
 from elastic.worker.process_sets import ProcessSet, Scope, global_process_set
 from elastic.worker.reduction import Average, as_bytes
 from elastic.worker.reductions import allreduce, checked
+from elastic.worker.torch_versions import all_gather_single
 
 __all__ = [
     "allgather",
@@ -51,7 +52,7 @@ def _gather_ints(where: Scope, values: list[int]) -> list[list[int]]:
     """Blocking allgather of a few integers per rank; rows in the scope's order."""
     mine = torch.tensor(values, dtype=torch.int64)
     out = torch.empty(where.size * len(values), dtype=torch.int64)
-    wait(dist.all_gather_single(out, mine, group=where.group, async_op=True))
+    wait(all_gather_single(out, mine, group=where.group, async_op=True))
     return out.view(where.size, len(values)).tolist()
 
 
@@ -70,7 +71,7 @@ def _start_gather(where: Scope, tensor: torch.Tensor, dims: list[int]) -> Pendin
         send = source.new_empty((longest, *rest))
         send[: source.shape[0]].copy_(source)
     out = source.new_empty((where.size * longest, *rest))
-    works = [dist.all_gather_single(out, send, group=where.group, async_op=True)]
+    works = [all_gather_single(out, send, group=where.group, async_op=True)]
 
     def finish() -> torch.Tensor:
         if even:

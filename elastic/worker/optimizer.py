@@ -32,6 +32,7 @@ from elastic.worker.collectives import Average, ReduceOp, Sum
 from elastic.worker.compression import Compression, Compressor
 from elastic.worker.context import current
 from elastic.worker.errors import HostsUpdatedInterrupt
+from elastic.worker.torch_versions import all_gather_single
 
 __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
 
@@ -205,7 +206,7 @@ class _GradientReducer:
             # hvd.join() knows a step comes; it overlaps the backward pass.
             mine = torch.tensor(self._step_row(), dtype=torch.int64)
             rows = torch.empty(ctx.size * WIDTH, dtype=torch.int64)
-            work = dist.all_gather_single(rows, mine, group=ctx.group, async_op=True)
+            work = all_gather_single(rows, mine, group=ctx.group, async_op=True)
             self.step_rows = (work, rows)
         flat = bucket.buffer()
         grads = [p.grad for p in bucket.params]
