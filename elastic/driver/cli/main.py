@@ -6,11 +6,22 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
+from collections.abc import Mapping
 
 from elastic.driver.cli.backend_flags import FlagParser, add_backend_flags, backend_settings
+from elastic.driver.cli.config_file import config_flags, read_config_file
+from elastic.driver.cli.flag_sources import (
+    FlagValues,
+    flag_actions,
+    flag_name,
+    from_environment,
+    layered_defaults,
+    unknown_variables_warning,
+)
 from elastic.driver.cli.status_command import status_main
 from elastic.driver.discovery import DiscoveryError, ScriptDiscovery
 from elastic.driver.discovery.hosts import HostSpec, parse_host_list, read_hostfile
@@ -31,6 +42,11 @@ examples:
   elasticrun -np 2 --min-np 1 --max-np 8 --host-discovery-script ./hosts.sh python train.py
   elasticrun --backend etcd --etcd-endpoints 10.0.0.5:2379 --job-id run7 -np 4 python train.py
   elasticrun status --job-id run7 --etcd-endpoints 10.0.0.5:2379
+  ELASTICRUN_MIN_NP=2 elasticrun --config-file job.yaml python train.py
+
+Every flag --some-flag can also be given as the environment variable ELASTICRUN_SOME_FLAG or as
+the key some-flag (or some_flag) of the YAML --config-file; the command line wins over the
+environment, which wins over the file.
 """
 
 
@@ -227,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_backend_flags(parser)
     parser.add_argument("--verbose", action="store_true", help="log the driver's decisions")
+    parser.add_argument(
+        "--config-file",
+        metavar="FILE",
+        help="YAML file of flags ('min-np: 2', a line each; horovodrun's sections are read where "
+        "they mean one of these flags); the command line and ELASTICRUN_* variables win",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return parser  # fmt: skip
 
@@ -244,13 +266,62 @@ def _checkpoint_settings(args: argparse.Namespace) -> CheckpointSettings:
     return CheckpointSettings(directory, every, interval, keep)
 
 
-def parse_settings(argv: list[str]) -> Settings:
-    """Turn the command line into `Settings`; raise `UsageError` with one clear line.
+def parse_args(
+    argv: list[str], environ: Mapping[str, str]
+) -> tuple[argparse.Namespace, FlagValues]:
+    """The flags from the command line, the `ELASTICRUN_*` variables of `environ` and the
+    `--config-file`, in that order of precedence, and where each value not from the command
+    line came from. Warns once about unknown `ELASTICRUN_*` variables and about horovodrun
+    settings in the config file that elasticrun ignores."""
+    parser = build_parser()
+    environment, unknown = from_environment(parser, environ)
+    if unknown:
+        log.warning("%s", unknown_variables_warning(parser, unknown))
+    layers = [environment]
+    given = parser.parse_args(argv).config_file or environment.values.get("config_file")
+    if given:
+        file_flags, ignored = config_flags(parser, given, read_config_file(given))
+        if ignored:
+            log.warning(
+                "config file %s: ignoring horovodrun settings elasticrun has no use for: %s",
+                given,
+                ", ".join(ignored),
+            )
+        layers.append(file_flags)
+    defaults = layered_defaults(parser, argv, layers)
+    parser.set_defaults(**defaults.values)
+    return parser.parse_args(argv), defaults
+
+
+def _name_sources(err: UsageError, sources: FlagValues) -> UsageError:
+    """`err` with the sources named of the flags it mentions that came from the environment or
+    the config file: a range check names the flag, the user looks for the variable."""
+    actions = {action.dest: action for action in flag_actions(build_parser()).values()}
+    notes = []
+    for dest, source in sources.sources.items():
+        options = actions[dest].option_strings
+        if any(re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", str(err)) for o in options):
+            notes.append(f"{flag_name(actions[dest])} from {source}")
+    return UsageError(f"{err} ({'; '.join(notes)})") if notes else err
+
+
+def parse_settings(argv: list[str], environ: Mapping[str, str] | None = None) -> Settings:
+    """Turn the command line, the `ELASTICRUN_*` variables of `environ` (default: this
+    process's environment) and the config file into `Settings`; raise `UsageError` with one
+    clear line, which names the variable or config-file key of a flag it refuses.
 
     The settings check their own values (`SettingsError`, a `UsageError`); what needs the
     world (the discovery script, key and certificate files) is checked after them, and the
     output folder is made last, once everything else is good."""
-    args = build_parser().parse_args(argv)
+    args, sources = parse_args(argv, os.environ if environ is None else environ)
+    try:
+        return _settings(args)
+    except UsageError as err:
+        raise _name_sources(err, sources) from None
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    """`parse_settings` once the flags are read."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     elastic = _elastic_settings(args)
     if elastic is not None and elastic.discovery_script and (args.hosts or args.hostfile):
