@@ -1,0 +1,108 @@
+"""`elastic.run_job`: real `elasticrun` jobs launched from Python, their values back by rank."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import elastic
+from elastic.driver.errors import UsageError
+from elastic.function_job import launcher_flags
+
+
+def rank_sum(offset: float) -> tuple[int, int, float]:
+    """Each rank's (rank, size, sum over ranks of rank + offset), the sum by an allreduce."""
+    import torch
+
+    import elastic.torch as hvd
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([hvd.rank() + offset]), op=hvd.Sum).item()
+    return hvd.rank(), hvd.size(), total
+
+
+def fail_on_rank_one() -> int:
+    rank = int(os.environ["ELASTIC_RANK"])
+    if rank == 1:
+        raise KeyError("rank one's own failure")
+    return rank
+
+
+def lose_a_worker_once(marker: str) -> tuple[int, int, int]:
+    """Train 20 committed steps; rank 1 of the first 2-worker round dies once (the first to
+    create `marker`), and the job goes on with the survivor. Returns (rank, size, steps)."""
+    import torch
+
+    import elastic.torch as hvd
+
+    hvd.init()
+    state = hvd.elastic.ObjectState(steps=0)
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.ObjectState) -> tuple[int, int, int]:
+        while state.steps < 20:
+            hvd.allreduce(torch.ones(1), op=hvd.Sum)
+            if hvd.size() == 2 and hvd.rank() == 1:
+                try:
+                    with open(marker, "x"):
+                        pass
+                except FileExistsError:
+                    pass
+                else:
+                    os._exit(1)
+            state.steps += 1
+            state.commit()
+        return hvd.rank(), hvd.size(), state.steps
+
+    return train(state)
+
+
+def test_each_rank_returns_its_value_computed_with_a_collective() -> None:
+    values = elastic.run_job(rank_sum, args=(10.0,), np=2, start_timeout=60)
+    assert values == [(0, 2, 21.0), (1, 2, 21.0)]
+
+
+def test_a_lambda_with_keyword_arguments_travels_by_value() -> None:
+    values = elastic.run_job(lambda a, b=0: a * b, args=(3,), kwargs={"b": 5}, np=2)
+    assert values == [15, 15]
+
+
+def test_a_failing_rank_raises_in_the_caller_with_its_traceback() -> None:
+    with pytest.raises(elastic.JobFailedError) as raised:
+        elastic.run_job(fail_on_rank_one, np=2)
+    assert list(raised.value.tracebacks) == [1]
+    assert 'KeyError: "rank one\'s own failure"' in raised.value.tracebacks[1]
+    assert "rank 1 raised" in str(raised.value) and "fail_on_rank_one" in str(raised.value)
+    assert raised.value.exit_code == 1
+
+
+def test_flags_the_launcher_refuses_raise_a_usage_error_with_its_message() -> None:
+    with pytest.raises(UsageError, match="unrecognized arguments: --no-such-flag"):
+        elastic.run_job(rank_sum, args=(0.0,), np=2, no_such_flag=1)
+    with pytest.raises(UsageError, match="--max-np 1 is less than --min-np 2"):
+        elastic.run_job(rank_sum, args=(0.0,), np=2, min_np=2, max_np=1)
+
+
+def test_an_elastic_job_returns_the_values_of_the_last_rounds_ranks(tmp_path: Path) -> None:
+    values = elastic.run_job(
+        lose_a_worker_once,
+        args=(str(tmp_path / "died"),),
+        np=2,
+        min_np=1,
+        max_np=2,
+        blacklist_cooldown_range=(300, 300),  # the lost slot is not filled again
+    )
+    assert (tmp_path / "died").exists()
+    assert values == [(0, 1, 20)]
+
+
+def test_keywords_become_launcher_flags() -> None:
+    flags = {"min_np": 2, "tls": True, "verbose": False, "job_id": None}
+    assert launcher_flags(flags) == ["--min-np=2", "--tls"]
+    assert launcher_flags({"blacklist_cooldown_range": (0, 5)}) == [
+        "--blacklist-cooldown-range",
+        "0",
+        "5",
+    ]
