@@ -127,11 +127,12 @@ def from_environment(
 
 def unknown_variables_warning(parser: argparse.ArgumentParser, unknown: Iterable[str]) -> str:
     """One line naming every unknown `ELASTICRUN_*` variable, with the likeliest meant name."""
-    known = [ENV_PREFIX + name for name in flag_actions(parser)]
+    known = list(flag_actions(parser))
     described = []
     for variable in unknown:
-        close = difflib.get_close_matches(variable, known, n=1)
-        described.append(f"{variable} (did you mean {close[0]}?)" if close else variable)
+        close = difflib.get_close_matches(variable[len(ENV_PREFIX) :], known, n=1)
+        meant = f" (did you mean {ENV_PREFIX}{close[0]}?)" if close else ""
+        described.append(variable + meant)
     return "ignoring environment variable(s) that name no elasticrun flag: " + ", ".join(described)
 
 
