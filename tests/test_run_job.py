@@ -65,7 +65,9 @@ def test_each_rank_returns_its_value_computed_with_a_collective() -> None:
 
 
 def test_a_lambda_with_keyword_arguments_travels_by_value() -> None:
-    values = elastic.run_job(lambda a, b=0: a * b, args=(3,), kwargs={"b": 5}, np=2)
+    values = elastic.run_job(
+        lambda a, b=0: a * b, args=(3,), kwargs={"b": 5}, np=2, hosts=["localhost:2"]
+    )
     assert values == [15, 15]
 
 
