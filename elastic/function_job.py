@@ -33,9 +33,7 @@ from typing import IO, Any, TextIO
 
 from elastic.driver.errors import UsageError
 from elastic.errors import ElasticError
-
-FUNCTION_FILE = "function.pkl"
-"""The pickled `(fn, args, kwargs)` in the job's directory (read by `elastic.function_worker`)."""
+from elastic.function_worker import FUNCTION_FILE
 
 
 class JobFailedError(ElasticError, RuntimeError):

@@ -21,8 +21,10 @@ import sys
 import traceback
 from typing import Any
 
-from elastic.function_job import FUNCTION_FILE
 from elastic.protocol import env
+
+FUNCTION_FILE = "function.pkl"
+"""The pickled `(fn, args, kwargs)` in the job's directory, written by `elastic.run_job`."""
 
 
 def _place() -> tuple[int, int]:
