@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +14,16 @@ import pytest
 import elastic
 from elastic.driver.errors import UsageError
 from elastic.function_job import launcher_flags
+from tests.conftest import pids_alive
+
+CALLER = """
+import sys, elastic
+from tests.test_run_job import wait_forever
+try:
+    elastic.run_job(wait_forever, args=(sys.argv[1],), np=2)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
 
 
 def rank_sum(offset: float) -> tuple[int, int, float]:
@@ -57,6 +71,14 @@ def lose_a_worker_once(marker: str) -> tuple[int, int, int]:
         return hvd.rank(), hvd.size(), state.steps
 
     return train(state)
+
+
+def wait_forever(folder: str) -> None:
+    """Leave this worker's pid in `folder` (as `pid.<pid>`), then wait to be stopped."""
+    with open(os.path.join(folder, f"pid.{os.getpid()}"), "w"):
+        pass
+    while True:
+        time.sleep(1)
 
 
 def test_each_rank_returns_its_value_computed_with_a_collective() -> None:
@@ -108,3 +130,21 @@ def test_keywords_become_launcher_flags() -> None:
         "0",
         "5",
     ]
+
+
+def test_interrupting_the_caller_stops_the_launcher_and_every_worker(tmp_path: Path) -> None:
+    caller = subprocess.Popen(
+        [sys.executable, "-c", CALLER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("pid.*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = [int(path.suffix[1:]) for path in tmp_path.glob("pid.*")]
+        assert len(pids_alive(workers)) == 2
+        caller.send_signal(signal.SIGINT)
+        out, _ = caller.communicate(timeout=60)
+    finally:
+        caller.kill()
+    assert out.splitlines()[-1] == "interrupted"
+    assert pids_alive(workers) == []
