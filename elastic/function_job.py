@@ -33,7 +33,7 @@ from typing import IO, Any, TextIO
 
 from elastic.driver.errors import UsageError
 from elastic.errors import ElasticError
-from elastic.function_worker import FUNCTION_FILE
+from elastic.function_worker import FUNCTION_FILE, dumps
 
 
 class JobFailedError(ElasticError, RuntimeError):
@@ -100,20 +100,12 @@ def run_job(
     directory = tempfile.mkdtemp(prefix="elastic-run-job-", dir=shared_dir)
     try:
         with open(os.path.join(directory, FUNCTION_FILE), "wb") as file:
-            file.write(_dumps((fn, tuple(args), dict(kwargs or {}))))
+            file.write(dumps((fn, tuple(args), dict(kwargs or {}))))
         command = [sys.executable, "-m", "elastic.function_worker", directory]
         code, said = _run_launcher([*argv, "--", *command])
         return _outcome(directory, code, said)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def _dumps(value: Any) -> bytes:
-    try:
-        import cloudpickle
-    except ImportError:
-        return pickle.dumps(value)
-    return cloudpickle.dumps(value)
 
 
 def _run_launcher(argv: list[str]) -> tuple[int, list[str]]:

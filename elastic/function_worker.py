@@ -44,7 +44,8 @@ def _write(directory: str, name: str, data: bytes) -> None:
     os.replace(aside, os.path.join(directory, name))
 
 
-def _dumps(value: Any) -> bytes:
+def dumps(value: Any) -> bytes:
+    """`value` pickled with cloudpickle when it is installed (functions by value), else pickle."""
     try:
         import cloudpickle
     except ImportError:
@@ -68,7 +69,7 @@ def main(argv: list[str]) -> int:
             func, args, kwargs = pickle.load(file)
         value = func(*args, **kwargs)
         rank, size = _place()
-        data = _dumps((size, value))
+        data = dumps((size, value))
     except Exception:
         text = traceback.format_exc()
         print(text, file=sys.stderr, end="")

@@ -8,9 +8,10 @@ values (`--blacklist-cooldown-range`) takes them separated by spaces or commas (
 file). Every value is converted and checked as the command line's would be, and a bad one is one
 `UsageError` naming the variable, or the file and key.
 
-`layered_defaults` is pure: it takes the parser, the command line, the environment and the
-config file's parsed content, and returns the values to install as the parser's defaults, the
-source of each, and the unknown `ELASTICRUN_*` variables (for one warning).
+Nothing here reads the world: the functions take the parser, the command line and the
+environment. `from_environment` gives the variables' flags (and the unknown variables, for one
+warning), `config_file.config_flags` the file's, and `layered_defaults` merges them into the
+values to install as the parser's defaults, with the source of each.
 """
 
 from __future__ import annotations
