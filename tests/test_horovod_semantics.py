@@ -460,3 +460,24 @@ def test_sync_batch_norm_normalizes_over_every_ranks_batch() -> None:
         torch.testing.assert_close(result["x_grad"], xs[rank].grad)
         torch.testing.assert_close(result["running_mean"], bn.running_mean)
         torch.testing.assert_close(result["running_var"], bn.running_var)
+
+
+def _optimizer_state_without_gradients() -> dict[str, Any]:
+    rank = current("test").rank
+    torch.manual_seed(rank)
+    used, unused = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)  # `unused` gets no gradient
+    optimizer = torch.optim.Adam([*used.parameters(), *unused.parameters()], lr=0.1 + rank)
+    if rank == 0:
+        used(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    state = optimizer.state_dict()
+    return {
+        "lr": state["param_groups"][0]["lr"],
+        "steps": sorted(float(s["step"]) for s in state["state"].values()),
+    }
+
+
+def test_broadcast_optimizer_state_handles_parameters_without_gradients() -> None:
+    results = run_group(_optimizer_state_without_gradients, 2)
+    assert results[0] == results[1] == {"lr": 0.1, "steps": [1.0, 1.0]}

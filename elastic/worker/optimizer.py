@@ -427,6 +427,10 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     op: int = Average,
     gradient_predivide_factor: float = 1.0,
     fusion_threshold_bytes: int = _FUSION_THRESHOLD_BYTES,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: Any = None,
 ) -> torch.optim.Optimizer:
     """Wrap `optimizer` so that `step()` applies gradients averaged (or summed) over ranks.
 
@@ -439,6 +443,10 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     wrapping are not reduced; `load_state_dict` drops a round in progress.
     Every rank must wrap the same parameters in the same order. Raises `ValueError` for
     invalid arguments; errors of the collectives are raised by `step()` / `synchronize()`.
+
+    Horovod's `num_groups` and `groups` (how allreduces are grouped) are accepted and left
+    to the fusion buckets; `sparse_as_dense` is how sparse gradients are always reduced
+    here. `process_set` must be the global set (`NotImplementedError` otherwise).
     """
     current("hvd.DistributedOptimizer")
     if isinstance(optimizer, _DistributedOptimizer):
@@ -451,6 +459,11 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     if gradient_predivide_factor != 1.0 and reduce_op != Average:
         raise ValueError("gradient_predivide_factor needs op=Average")
     _check_named_parameters(optimizer, named_parameters)
+    if process_set is not None and process_set.process_set_id != 0:
+        raise NotImplementedError(
+            "DistributedOptimizer reduces over every rank: limit the model's other "
+            "collectives with process_set=, not the optimizer"
+        )
 
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     base = type(optimizer)
