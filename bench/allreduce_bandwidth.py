@@ -13,7 +13,9 @@ Sides: `raw` is `dist.all_reduce(t)` (in place, Sum); `raw_copy` is
 `dist.all_reduce(t.clone())`, raw's cost of returning a new tensor; `hvd_sum` and `hvd_avg` are
 `hvd.allreduce(x, op=hvd.Sum)` and `hvd.allreduce(x)` (out of place, as a Horovod user calls
 them); `hvd_sum_inplace` is `hvd.allreduce_(t, op=hvd.Sum)`, which isolates the wrapper's own
-cost from the out-of-place copy.
+cost from the out-of-place copy; `hvd_sum_unchecked` is `hvd_sum` with the cross-rank argument
+check turned off (`hvd.set_collective_checks(False)`), so `hvd_sum` against it is that check's
+cost (one small allgather per call).
 """
 
 from __future__ import annotations
@@ -26,8 +28,20 @@ import time
 from pathlib import Path
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-SIDES = ["raw", "raw_copy", "hvd_sum", "hvd_avg", "hvd_sum_inplace"]
-OUT_OF_PLACE = ["hvd_sum", "hvd_avg"]  # compared with raw_copy too: both return a new tensor
+SIDES = ["raw", "raw_copy", "hvd_sum", "hvd_avg", "hvd_sum_inplace", "hvd_sum_unchecked"]
+# compared with raw_copy too: they return a new tensor
+OUT_OF_PLACE = ["hvd_sum", "hvd_avg", "hvd_sum_unchecked"]
+
+
+def unchecked(call, *args, **kwargs):
+    """`call(*args, **kwargs)` with the cross-rank argument check off."""
+    import elastic.torch as hvd
+
+    hvd.set_collective_checks(False)
+    try:
+        return call(*args, **kwargs)
+    finally:
+        hvd.set_collective_checks(True)
 
 
 def human(nbytes: int) -> str:
@@ -93,6 +107,7 @@ def worker(args: argparse.Namespace) -> None:
             "hvd_sum": lambda src=src: hvd.allreduce(src, op=hvd.Sum),
             "hvd_avg": lambda src=src: hvd.allreduce(src),
             "hvd_sum_inplace": lambda buf=inplace_buf: hvd.allreduce_(buf, op=hvd.Sum),
+            "hvd_sum_unchecked": lambda src=src: unchecked(hvd.allreduce, src, op=hvd.Sum),
         }
         # Warm-up (connections, allocator), then calibrate the iterations per repetition so
         # that one repetition of one side takes about target_s; all ranks use rank-wide max.

@@ -11,7 +11,9 @@ side and its ratio to DDP's. One thread per rank for every side.
 
 Sides: `ddp` (DistributedDataParallel, default 25 MiB buckets), `hvd` (DistributedOptimizer with
 its default fusion threshold, 64 MiB), `hvd_25MiB` (fusion_threshold_bytes=25 MiB, DDP's bucket
-size) and `local` (the model and optimizer without any communication: the compute floor).
+size), `hvd_unchecked` (`hvd` with the cross-rank check off, so without the one small
+exchange per step that lets `hvd.join()` ranks follow) and `local` (the model and optimizer
+without any communication: the compute floor).
 Models: `mlp` (10 Linear 1024x1024 + ReLU, ~10.5M parameters) and `many_small` (120 blocks of
 Linear(32, 32) + LayerNorm(32) + ReLU: 240 layers, 480 parameter tensors, ~134k parameters).
 The JSON document goes to stdout and to bench/results/optimizer_np{N}.json.
@@ -26,7 +28,7 @@ import statistics
 import time
 from pathlib import Path
 
-SIDES = ["ddp", "hvd", "hvd_25MiB", "local"]
+SIDES = ["ddp", "hvd", "hvd_25MiB", "hvd_unchecked", "local"]
 MODELS = {
     # name: (batch size, input width, steps per side per round)
     "mlp": (32, 1024, 8),
@@ -93,7 +95,7 @@ def worker(args: argparse.Namespace) -> None:
             opt = torch.optim.SGD(model.parameters(), lr=lr)
             if side == "ddp":
                 model = DistributedDataParallel(model)  # default group, bucket_cap_mb=25
-            elif side == "hvd":
+            elif side in ("hvd", "hvd_unchecked"):
                 opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
             elif side == "hvd_25MiB":
                 opt = hvd.DistributedOptimizer(
@@ -102,7 +104,8 @@ def worker(args: argparse.Namespace) -> None:
                     fusion_threshold_bytes=25 * 1024 * 1024,
                 )
 
-            def step(model=model, opt=opt, x=x, y=y) -> None:
+            def step(model=model, opt=opt, x=x, y=y, checks=side != "hvd_unchecked") -> None:
+                hvd.set_collective_checks(checks)
                 opt.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 loss.backward()
@@ -131,7 +134,7 @@ def worker(args: argparse.Namespace) -> None:
                     float((p - r).abs().max())
                     for p, r in zip(models[side].parameters(), ref, strict=True)
                 )
-                for side in ("hvd", "hvd_25MiB")
+                for side in ("hvd", "hvd_25MiB", "hvd_unchecked")
             }
         ddp_time = statistics.median(samples["ddp"])
         row: dict = {
