@@ -155,6 +155,37 @@ def _differentiable(op: ReduceOp, what: str) -> None:
         raise NotImplementedError(f"{what} is differentiable only for Average and Sum")
 
 
+def _allreduce(
+    what: str,
+    tensor: torch.Tensor,
+    inplace: bool,
+    asynchronous: bool,
+    average: bool | None,
+    name: str | None,
+    op: int | None,
+    prescale: float,
+    postscale: float,
+    process_set: ProcessSet,
+    compression: type[Compressor] = Compression.none,
+) -> Any:
+    """Every allreduce variant: checked, then reduced (through autograd where the input
+    needs a gradient and the call returns a new tensor); a `Handle` if `asynchronous`."""
+    ctx = current(what)
+    resolved = resolve_op(op, average)
+    compressed = compression.compress(tensor)
+    kind = Kind.ALLREDUCE
+    where, _ = checked(ctx, process_set, kind, what, [compressed[0]], op=resolved, name=name)
+    if not (inplace or asynchronous) and tensor.requires_grad and torch.is_grad_enabled():
+        reduced = _AllreduceFunction.apply(
+            compressed[0], resolved, prescale, postscale, where, process_set
+        )
+        return compression.decompress(reduced, compressed[1])
+    pending = _start_allreduce(
+        where, tensor, inplace, resolved, prescale, postscale, compression, compressed
+    )
+    return Handle(pending, name, ctx.in_flight) if asynchronous else complete(pending)
+
+
 def allreduce(
     tensor: torch.Tensor,
     average: bool | None = None,
@@ -167,29 +198,10 @@ def allreduce(
 ) -> torch.Tensor:
     """Reduce `tensor` over the ranks (of `process_set`) into a new tensor; `tensor` is not
     modified. Differentiable for Average and Sum."""
-    ctx = current("hvd.allreduce")
-    op = resolve_op(op, average)
-    compressed, cctx = compression.compress(tensor)
-    where, _ = checked(
-        ctx, process_set, Kind.ALLREDUCE, "hvd.allreduce", [compressed], op=op, name=name
-    )
-    if tensor.requires_grad and torch.is_grad_enabled():
-        reduced = _AllreduceFunction.apply(
-            compressed, op, prescale_factor, postscale_factor, where, process_set
-        )
-        return compression.decompress(reduced, cctx)
-    return complete(
-        _start_allreduce(
-            where,
-            tensor,
-            False,
-            op,
-            prescale_factor,
-            postscale_factor,
-            compression,
-            (compressed, cctx),
-        )  # fmt: skip
-    )
+    return _allreduce(
+        "hvd.allreduce", tensor, False, False, average, name, op, prescale_factor,
+        postscale_factor, process_set, compression,
+    )  # fmt: skip
 
 
 def allreduce_async(
@@ -203,15 +215,10 @@ def allreduce_async(
     compression: type[Compressor] = Compression.none,
 ) -> Handle:
     """Start `allreduce`; `synchronize(handle)` returns the new reduced tensor."""
-    ctx = current("hvd.allreduce_async")
-    op = resolve_op(op, average)
-    what = "hvd.allreduce_async"
-    compressed = compression.compress(tensor)
-    where, _ = checked(ctx, process_set, Kind.ALLREDUCE, what, [compressed[0]], op=op, name=name)
-    pending = _start_allreduce(
-        where, tensor, False, op, prescale_factor, postscale_factor, compression, compressed
-    )
-    return Handle(pending, name, ctx.in_flight)
+    return _allreduce(
+        "hvd.allreduce_async", tensor, False, True, average, name, op, prescale_factor,
+        postscale_factor, process_set, compression,
+    )  # fmt: skip
 
 
 def allreduce_(
@@ -224,16 +231,10 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """Reduce `tensor` in place over the ranks and return it."""
-    ctx = current("hvd.allreduce_")
-    op = resolve_op(op, average)
-    where, _ = checked(
-        ctx, process_set, Kind.ALLREDUCE, "hvd.allreduce_", [tensor], op=op, name=name
-    )
-    return complete(
-        _start_allreduce(
-            where, tensor, True, op, prescale_factor, postscale_factor, Compression.none
-        )
-    )
+    return _allreduce(
+        "hvd.allreduce_", tensor, True, False, average, name, op, prescale_factor,
+        postscale_factor, process_set,
+    )  # fmt: skip
 
 
 def allreduce_async_(
@@ -246,14 +247,10 @@ def allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Start `allreduce_`; `synchronize(handle)` returns `tensor`, reduced in place."""
-    ctx = current("hvd.allreduce_async_")
-    op = resolve_op(op, average)
-    what = "hvd.allreduce_async_"
-    where, _ = checked(ctx, process_set, Kind.ALLREDUCE, what, [tensor], op=op, name=name)
-    pending = _start_allreduce(
-        where, tensor, True, op, prescale_factor, postscale_factor, Compression.none
-    )
-    return Handle(pending, name, ctx.in_flight)
+    return _allreduce(
+        "hvd.allreduce_async_", tensor, True, True, average, name, op, prescale_factor,
+        postscale_factor, process_set,
+    )  # fmt: skip
 
 
 # --- grouped allreduce ----------------------------------------------------------------------
@@ -321,6 +318,37 @@ class _GroupedAllreduceFunction(torch.autograd.Function):
         return (None, None, None, None, None, *complete(pending))
 
 
+def _grouped_allreduce(
+    what: str,
+    tensors: Sequence[torch.Tensor],
+    inplace: bool,
+    asynchronous: bool,
+    average: bool | None,
+    name: str | None,
+    op: int | None,
+    prescale: float,
+    postscale: float,
+    process_set: ProcessSet,
+    compression: type[Compressor] = Compression.none,
+) -> Any:
+    """Every grouped allreduce variant, as `_allreduce` for a list of tensors."""
+    ctx = current(what)
+    resolved = resolve_op(op, average)
+    kind = Kind.GROUPED_ALLREDUCE
+    where, _ = checked(ctx, process_set, kind, what, tensors, op=resolved, name=name)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    if not (inplace or asynchronous) and needs_grad:
+        compressed = [compression.compress(t) for t in tensors]
+        reduced = _GroupedAllreduceFunction.apply(
+            resolved, prescale, postscale, where, process_set, *(c for c, _ in compressed)
+        )
+        return [compression.decompress(r, c) for r, (_, c) in zip(reduced, compressed, strict=True)]
+    pending = _start_grouped_allreduce(
+        where, tensors, inplace, resolved, prescale, postscale, compression
+    )
+    return Handle(pending, name, ctx.in_flight) if asynchronous else complete(pending)
+
+
 def grouped_allreduce(
     tensors: Sequence[torch.Tensor],
     average: bool | None = None,
@@ -333,21 +361,10 @@ def grouped_allreduce(
 ) -> list[torch.Tensor]:
     """Reduce a list of tensors (fused into one buffer per dtype and device) into new
     tensors, each as `allreduce` would. Differentiable for Average and Sum."""
-    ctx = current("hvd.grouped_allreduce")
-    op = resolve_op(op, average)
-    what = "hvd.grouped_allreduce"
-    where, _ = checked(ctx, process_set, Kind.GROUPED_ALLREDUCE, what, tensors, op=op, name=name)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        compressed = [compression.compress(t) for t in tensors]
-        reduced = _GroupedAllreduceFunction.apply(
-            op, prescale_factor, postscale_factor, where, process_set, *(c for c, _ in compressed)
-        )
-        return [compression.decompress(r, c) for r, (_, c) in zip(reduced, compressed, strict=True)]
-    return complete(
-        _start_grouped_allreduce(
-            where, tensors, False, op, prescale_factor, postscale_factor, compression
-        )
-    )
+    return _grouped_allreduce(
+        "hvd.grouped_allreduce", tensors, False, False, average, name, op, prescale_factor,
+        postscale_factor, process_set, compression,
+    )  # fmt: skip
 
 
 def grouped_allreduce_async(
@@ -361,14 +378,10 @@ def grouped_allreduce_async(
     compression: type[Compressor] = Compression.none,
 ) -> Handle:
     """Start `grouped_allreduce`; `synchronize(handle)` returns the list of new tensors."""
-    ctx = current("hvd.grouped_allreduce_async")
-    op = resolve_op(op, average)
-    what = "hvd.grouped_allreduce_async"
-    where, _ = checked(ctx, process_set, Kind.GROUPED_ALLREDUCE, what, tensors, op=op, name=name)
-    pending = _start_grouped_allreduce(
-        where, tensors, False, op, prescale_factor, postscale_factor, compression
-    )
-    return Handle(pending, name, ctx.in_flight)
+    return _grouped_allreduce(
+        "hvd.grouped_allreduce_async", tensors, False, True, average, name, op,
+        prescale_factor, postscale_factor, process_set, compression,
+    )  # fmt: skip
 
 
 def grouped_allreduce_(
@@ -381,15 +394,10 @@ def grouped_allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
     """Reduce a list of tensors in place and return it."""
-    ctx = current("hvd.grouped_allreduce_")
-    op = resolve_op(op, average)
-    what = "hvd.grouped_allreduce_"
-    where, _ = checked(ctx, process_set, Kind.GROUPED_ALLREDUCE, what, tensors, op=op, name=name)
-    return complete(
-        _start_grouped_allreduce(
-            where, tensors, True, op, prescale_factor, postscale_factor, Compression.none
-        )
-    )
+    return _grouped_allreduce(
+        "hvd.grouped_allreduce_", tensors, True, False, average, name, op, prescale_factor,
+        postscale_factor, process_set,
+    )  # fmt: skip
 
 
 def grouped_allreduce_async_(
@@ -402,14 +410,10 @@ def grouped_allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Start `grouped_allreduce_`; `synchronize(handle)` returns the list, reduced in place."""
-    ctx = current("hvd.grouped_allreduce_async_")
-    op = resolve_op(op, average)
-    what = "hvd.grouped_allreduce_async_"
-    where, _ = checked(ctx, process_set, Kind.GROUPED_ALLREDUCE, what, tensors, op=op, name=name)
-    pending = _start_grouped_allreduce(
-        where, tensors, True, op, prescale_factor, postscale_factor, Compression.none
-    )
-    return Handle(pending, name, ctx.in_flight)
+    return _grouped_allreduce(
+        "hvd.grouped_allreduce_async_", tensors, True, True, average, name, op,
+        prescale_factor, postscale_factor, process_set,
+    )  # fmt: skip
 
 
 # --- reducescatter --------------------------------------------------------------------------
