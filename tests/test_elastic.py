@@ -9,6 +9,7 @@ job prints, never on sleeps.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -71,6 +72,28 @@ def test_a_killed_worker_leaves_the_job_training_at_a_smaller_size(
     assert recovered < 15, f"with a 120 s collective timeout, recovery took {recovered:.1f} s"
     assert sizes_after(job, "round 2: 2 worker") == {2}
     assert assert_exactly_once(tmp_path)["size"] == 2
+
+
+def test_uneven_shards_are_padded_so_a_plain_loop_takes_the_same_steps_everywhere(
+    elasticrun, tmp_path: Path
+) -> None:
+    """241 samples (no size divides them) on 3 workers, then on 2 after a kill mid-epoch: the
+    job's plain DataLoader loop over the padded shards takes the same steps on every rank
+    (no hang in the last allreduce), and the padding repeats are not counted."""
+    go = tmp_path / "go"
+    job = elasticrun(
+        ["-np", "3", "--min-np", "1", "-H", "localhost:3", "--blacklist-cooldown-range",
+         "300", "300",
+         *job_args(tmp_path, "--samples", "241", "--hold-at-step", "5", "--hold-file", str(go))]
+    )  # fmt: skip
+    pids = ranks_to_pids(job, 3)
+    job.wait_for(r"holding for")
+    os.kill(pids[2], signal.SIGKILL)
+    go.touch()
+    assert job.finish(90) == 0, job.output
+    assert assert_exactly_once(tmp_path)["size"] == 2
+    steps = [len(re.findall(rf"step \d+ epoch 1 size 2 rank {r}\b", job.output)) for r in (0, 1)]
+    assert steps == [math.ceil(math.ceil(241 / 2) / 8)] * 2  # 121 samples each: 16 steps
 
 
 def test_workers_killed_at_once_cost_one_round_with_its_reasons(elasticrun, tmp_path: Path) -> None:

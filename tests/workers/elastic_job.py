@@ -1,9 +1,10 @@
 """An elastic training job that proves nothing is lost or repeated across re-forms.
 
-Every step, the ranks count (with an allreduce) which samples they trained on, in a buffer
-of the model: TorchState commits, restores and syncs it with everything else. After
-`--epochs` epochs every sample must have been counted exactly `--epochs` times, however the
-job shrank, grew or rolled back meanwhile. Rank 0 writes `result.json` into `--out`.
+Every step of a plain DataLoader loop over the ElasticSampler, the ranks count (with an
+allreduce) which samples they trained on, leaving out the padding repeats that even out the
+shards, in a buffer of the model: TorchState commits, restores and syncs it with everything
+else. After `--epochs` epochs every sample must have been counted exactly `--epochs` times,
+however the job shrank, grew or rolled back meanwhile. Rank 0 writes `result.json` into `--out`.
 
 Prints `worker pid=P` at start, `joined rank=R size=N pid=P` after `hvd.init()`,
 `step S epoch E size N rank R` per step and `done size N rank R` at the end, then calls
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
-import math
 import os
 import time
 import urllib.request
@@ -96,22 +96,20 @@ def main() -> None:
     state = hvd.elastic.TorchState(
         model=model, optimizer=optimizer, sampler=sampler, epoch=0, step=0
     )
+    loader = torch.utils.data.DataLoader(range(n), sampler=sampler, batch_size=b)
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         while state.epoch < args.epochs:
-            mine = list(state.sampler)
-            shard = math.ceil(len(state.sampler.remaining_indices) / hvd.size())
-            for k in range(math.ceil(shard / b)):  # the same count on every rank
+            for k, idx in enumerate(loader):  # padded shards: the same steps on every rank
                 if state.step == args.fail_at_step and _first_to_create(args.fail_once_file):
                     raise ValueError(f"injected failure at step {state.step}")
-                idx = mine[k * b : (k + 1) * b]  # empty at the tail of a shorter shard
                 optimizer.zero_grad()
                 loss = ((model(data[idx]) - target[idx]) ** 2).sum() / (b * hvd.size())
                 loss.backward()
                 optimizer.step()
                 seen = torch.zeros(n)
-                seen[idx] = 1.0
+                seen[idx[~state.sampler.padding_mask(k, b)]] = 1.0  # repeats are not counted
                 hvd.allreduce_(seen, op=hvd.Sum)
                 with torch.no_grad():
                     model.counts += seen

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -62,6 +61,7 @@ def main() -> None:
     state = hvd.elastic.TorchState(
         model=model, optimizer=optimizer, sampler=sampler, epoch=0, step=0
     )
+    loader = torch.utils.data.DataLoader(range(n), sampler=sampler, batch_size=b)
 
     def stop_requested() -> bool:
         """The same answer on every rank: whether any rank sees the stop file."""
@@ -78,16 +78,13 @@ def main() -> None:
             between = not state.sampler.processed_indices
             if between and state.epoch >= args.min_epochs and stop_requested():
                 return
-            mine = list(state.sampler)
-            shard = math.ceil(len(state.sampler.remaining_indices) / hvd.size())
-            for k in range(math.ceil(shard / b)):  # the same count on every rank
-                idx = mine[k * b : (k + 1) * b]  # empty at the tail of a shorter shard
+            for k, idx in enumerate(loader):  # padded shards: the same steps on every rank
                 optimizer.zero_grad()
                 loss = ((model(data[idx]) - target[idx]) ** 2).sum() / (b * hvd.size())
                 loss.backward()
                 optimizer.step()
                 seen = torch.zeros(n)
-                seen[idx] = 1.0
+                seen[idx[~state.sampler.padding_mask(k, b)]] = 1.0  # repeats are not counted
                 hvd.allreduce_(seen, op=hvd.Sum)
                 trained_at = time.time()
                 with torch.no_grad():
