@@ -13,7 +13,6 @@ sample of an epoch is trained on exactly once.
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 
@@ -38,7 +37,11 @@ def main() -> None:
         torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
         named_parameters=model.named_parameters(),
     )
-    sampler = hvd.elastic.ElasticSampler(range(args.samples), shuffle=True, seed=0)
+    dataset = torch.utils.data.TensorDataset(features, targets)
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=0)
+    # This worker's share of the epoch's remaining samples, re-sharded after every reset; the
+    # shards are padded to one length, so every worker takes the same number of steps.
+    loader = torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=args.batch_size)
     # Everything a worker needs to resume: commits snapshot it, restores roll it back, and a
     # joining worker receives it from a worker that holds the newest commit.
     state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler, epoch=0)
@@ -46,19 +49,17 @@ def main() -> None:
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         while state.epoch < args.epochs:
-            mine = list(state.sampler)  # this worker's share of the epoch's remaining samples
-            # Shards differ by at most one sample: take the same number of steps everywhere,
-            # with an empty batch where a shard runs out, so every rank joins every allreduce.
-            shard = math.ceil(len(state.sampler.remaining_indices) / hvd.size())
             total = torch.zeros(2)
-            for step in range(math.ceil(shard / args.batch_size)):
-                batch = mine[step * args.batch_size : (step + 1) * args.batch_size]
+            for step, (inputs, wanted) in enumerate(loader):
                 optimizer.zero_grad()
-                errors = model(features[batch]) - targets[batch]
+                errors = model(inputs) - wanted
                 loss = (errors**2).sum() / (args.batch_size * hvd.size())
                 loss.backward()
                 optimizer.step()
-                total += torch.tensor([float((errors.detach() ** 2).sum()), float(len(batch))])
+                # The reported loss leaves out the padding repeat a shard may end with.
+                real = ~state.sampler.padding_mask(step, args.batch_size)
+                squared = float((errors.detach()[real] ** 2).sum())
+                total += torch.tensor([squared, float(real.sum())])
                 state.sampler.record_batch(step, args.batch_size)
                 if (step + 1) % args.commit_every == 0:
                     state.commit()  # also where a membership change is picked up
