@@ -29,9 +29,10 @@ given; other ranks learn of them at the next `TorchState.sync()` (or membership 
 What holds, with `record_batch` called after each step and `TorchState` committing: a
 sample is marked only after a step in which some rank trained on it; after a shrink, grow or
 rollback only the unmarked samples are sharded again; so in the training that survives
-(what commits keep), every sample of the epoch is trained on exactly once outside padding,
-is trained on at least once, and is counted in `processed_num` exactly once. Per epoch, at
-most `num_replicas - 1` samples are trained on a second time, as repeats in its last step.
+(what commits keep), every sample of the epoch is trained on at least once, exactly once in a
+place that `padding_mask` calls real, and is counted in `processed_num` exactly once. Per
+epoch, fewer than `num_replicas` samples are trained on a second time, as repeats in its
+last step. A loop that skips batches or records them with another batch size breaks this.
 """
 
 from __future__ import annotations
