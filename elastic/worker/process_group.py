@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from elastic.worker import context
+from elastic.worker.torch_versions import set_group_timeout
 
 
 def device_for(local_rank: int) -> torch.device:
@@ -56,7 +57,7 @@ def create_group(
     )  # fmt: skip
     group = dist.group.WORLD
     assert group is not None
-    dist.distributed_c10d._set_pg_timeout(timeout, group)
+    set_group_timeout(timeout, group)
     return group
 
 
