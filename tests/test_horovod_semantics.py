@@ -325,6 +325,15 @@ def _capabilities() -> dict[str, Any]:
         hvd.allreduce(torch.ones(1), op=hvd.Adasum)
     except NotImplementedError as err:
         out["adasum"] = str(err)
+    model = torch.nn.Linear(2, 1)
+    try:  # as Horovod's synthetic benchmark asks with --use-adasum
+        hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            named_parameters=model.named_parameters(),
+            op=hvd.Adasum,
+        )
+    except NotImplementedError as err:
+        out["adasum_optimizer"] = str(err)
     return out
 
 
@@ -338,6 +347,7 @@ def test_horovod_capability_checks_answer_and_what_is_missing_says_what_to_use()
     assert result["homogeneous"] is True
     assert "torch.profiler" in result["timeline"]
     assert "Average" in result["adasum"]
+    assert "Average" in result["adasum_optimizer"]
 
 
 def test_horovods_exception_names_import_where_horovod_scripts_import_them() -> None:

@@ -32,6 +32,7 @@ from elastic.worker.collectives import Average, ReduceOp, Sum
 from elastic.worker.compression import Compression, Compressor
 from elastic.worker.context import current
 from elastic.worker.errors import HostsUpdatedInterrupt
+from elastic.worker.reduction import resolve_op
 from elastic.worker.torch_versions import all_gather_single
 
 __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
@@ -442,7 +443,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     bucket and all later ones back until `step()`. Parameters added to `optimizer` after
     wrapping are not reduced; `load_state_dict` drops a round in progress.
     Every rank must wrap the same parameters in the same order. Raises `ValueError` for
-    invalid arguments; errors of the collectives are raised by `step()` / `synchronize()`.
+    invalid arguments, `NotImplementedError` for `op=Adasum` (use Average); errors of the
+    collectives are raised by `step()` / `synchronize()`.
 
     Horovod's `num_groups` and `groups` (how allreduces are grouped) are accepted and left
     to the fusion buckets; `sparse_as_dense` is how sparse gradients are always reduced
@@ -453,7 +455,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         raise ValueError("optimizer is already a DistributedOptimizer")
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be at least 1")
-    reduce_op = ReduceOp(op)
+    reduce_op = resolve_op(op, None)  # Adasum: NotImplementedError, as in the collectives
     if reduce_op not in (Average, Sum):
         raise ValueError("DistributedOptimizer supports op=Average and op=Sum")
     if gradient_predivide_factor != 1.0 and reduce_op != Average:
