@@ -19,6 +19,7 @@ from typing import IO, Literal
 import pytest
 
 from tests.etcd_server import EtcdServer
+from tests.prerequisites import Machine, missing_etcd
 
 ELASTICRUN = [sys.executable, "-m", "elastic.driver.cli"]
 
@@ -141,7 +142,9 @@ def elasticrun(tmp_path: Path) -> Iterator[Callable[..., RunningJob]]:
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
     """A real etcd server on free loopback ports, with its data in `tmp_path`; stopped (by
-    PID) at the end."""
+    PID) at the end. Skipped, with one line saying why, where this machine has no etcd."""
+    if reason := missing_etcd(Machine.here()):
+        pytest.skip(reason)
     server = EtcdServer(tmp_path / "etcd-data")
     server.start()
     try:

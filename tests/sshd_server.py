@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import elastic
+from tests.prerequisites import SSHD, Machine, missing_ssh
 
-SSHD = Path("/usr/sbin/sshd")
 START_TIMEOUT = 10.0
 STOP_TIMEOUT = 5.0
 
@@ -184,10 +183,5 @@ def stop_sshd(process: subprocess.Popen[bytes]) -> None:
 
 def missing_ssh_tools() -> str | None:
     """Why no throwaway sshd can run here (one line), or None when sshd, ssh and ssh-keygen
-    are all there."""
-    if not SSHD.is_file():
-        return f"{SSHD} is missing (install Debian's openssh-server)"
-    for tool in ("ssh", "ssh-keygen"):
-        if shutil.which(tool) is None:
-            return f"{tool} is missing (install Debian's openssh-client)"
-    return None
+    are all there (tests/prerequisites.py)."""
+    return missing_ssh(Machine.here())

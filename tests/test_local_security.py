@@ -28,7 +28,9 @@ pytestmark = pytest.mark.timeout(120)
 
 NOBODY = 65534
 PRECIOUS = b"root's file: must stay as it is\n"
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="needs root to chown to another user; .ci/run runs as root"
+)
 
 
 def mode_of(path: Path) -> int:

@@ -63,11 +63,11 @@ from tests.multihost.namespaces import (
     unplug,
 )
 from tests.multihost.subnet import OWNER_ALIAS, SUBNETS, claim_lock, free_subnet, make_bridge
+from tests.prerequisites import Machine, missing_bed
 from tests.sshd_server import (
     SshKeys,
     check_login,
     make_keys,
-    missing_ssh_tools,
     ssh_command,
     sshd_config,
     start_sshd,
@@ -96,15 +96,9 @@ class BedHost:
 
 def missing_prerequisite() -> str | None:
     """Why no bed can be built here (one line), or None when root and every tool it uses are
-    there. Where the kernel refuses namespaces or nftables, building raises BedUnavailable."""
-    if os.geteuid() != 0:
-        return "the multi-host bed needs root (network namespaces, nft, iptables)"
-    for tool, package in (("ip", "iproute2"), ("nft", "nftables"), ("iptables", "iptables")):
-        if shutil.which(tool) is None:
-            return f"{tool} is missing (install Debian's {package})"
-    if not Path("/proc/self/ns/net").exists():
-        return "this kernel has no network namespaces"
-    return missing_ssh_tools()
+    there (tests/prerequisites.py). Where the kernel refuses namespaces or nftables, building
+    raises BedUnavailable."""
+    return missing_bed(Machine.here())
 
 
 class _Machine:

