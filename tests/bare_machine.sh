@@ -25,6 +25,8 @@ exec unshare --mount --propagation private bash -s -- "$user" "$repo" "$python" 
 set -euo pipefail
 user=$1 repo=$2 python=$3
 shift 3
+# Scratch space that vanishes with the namespace: a tmpfs on /srv, seen from here only.
+mount -t tmpfs -o mode=755 tmpfs /srv
 # The interpreter may live under a folder nobody cannot enter (pyenv in /root): put an open
 # tmpfs over that folder and mount the interpreter's part of it back in.
 base=$("$python" -c 'import sys; print(sys.base_prefix)')
@@ -32,7 +34,8 @@ dir=/
 for part in $(echo "${base#/}" | tr / ' '); do
   child="${dir%/}/$part"
   if [ "$(stat -c %A "$dir" | cut -c10)" != x ] && [ "$dir" != / ]; then
-    stash=$(mktemp -d)
+    stash=/srv/interpreter
+    mkdir "$stash"
     mount --bind "$child" "$stash"
     mount -t tmpfs -o mode=755 tmpfs "$dir"
     mkdir -p "$child"
@@ -46,7 +49,8 @@ for tool in etcd sshd ssh ssh-keygen ip nft iptables; do
     mount --bind /dev/null "$found"
   done
 done
-home=$(mktemp -d)
+home=/srv/home
+mkdir "$home"
 chown "$user:$user" "$home"
 name=$(getent passwd "$user" | cut -d: -f1)
 cd "$repo"
