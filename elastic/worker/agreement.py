@@ -136,10 +136,11 @@ class Call:
 
 def collective_checks() -> bool:
     """Whether direct collectives check their arguments across ranks (default: yes)."""
-    setting = context.process_wide().collective_checks
-    if setting is None:
-        return os.environ.get(CHECKS_VARIABLE, "1").strip().lower() not in ("0", "false", "no")
-    return setting
+    process = context.process_wide()
+    if process.collective_checks is None:  # read the environment once
+        value = os.environ.get(CHECKS_VARIABLE, "1").strip().lower()
+        process.collective_checks = value not in ("0", "false", "no")
+    return process.collective_checks
 
 
 def set_collective_checks(enabled: bool) -> None:
