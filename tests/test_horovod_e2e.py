@@ -51,8 +51,8 @@ import time
 import torch
 import elastic.torch as hvd
 
-hvd.init()
-pair = hvd.add_process_set([0, 1])
+pair = hvd.ProcessSet([0, 1])
+hvd.init(process_sets=[pair])  # Horovod's static process sets
 print(f"worker pid={os.getpid()} rank={hvd.rank()}", flush=True)
 state = hvd.elastic.ObjectState(step=0)
 

@@ -491,3 +491,8 @@ def _optimizer_state_without_gradients() -> dict[str, Any]:
 def test_broadcast_optimizer_state_handles_parameters_without_gradients() -> None:
     results = run_group(_optimizer_state_without_gradients, 2)
     assert results[0] == results[1] == {"lr": 0.1, "steps": [1.0, 1.0]}
+
+
+def test_init_with_an_mpi_communicator_says_what_to_use_instead() -> None:
+    with pytest.raises(NotImplementedError, match="process sets"):
+        hvd.init(comm=[0, 1])

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,14 +27,17 @@ from elastic.worker.locator import DriverLocator
 from elastic.worker.membership import OFFER_WAIT, MembershipEvents, Offer
 from elastic.worker.preemption import PreemptionWatch
 from elastic.worker.process_group import abandon_group, create_group, device_for
+from elastic.worker.process_sets import add_process_set
 from elastic.worker.reachability import PeerWatch, ProbeResponder, probe_round
 from elastic.worker.store import DriverStore
 
 log = logging.getLogger(__name__)
 
 
-def init() -> None:
+def init(comm: Any = None, process_sets: Sequence[Any] | None = None) -> None:
     """Join the rendezvous and form the process group. Calling it again does nothing.
+    `process_sets` (Horovod's static process sets) are added once the group is formed;
+    `comm` (an MPI communicator or rank list in Horovod) raises `NotImplementedError`.
     On return `os.environ` holds this worker's rank variables (`_publish_slot`), a worker that
     joined a running job included.
 
@@ -45,6 +49,12 @@ def init() -> None:
     `GLOO_SOCKET_IFNAME`, it is set to the interface that reaches the driver, so ranks on
     other hosts can connect (`gloo_interface`).
     """
+    if comm is not None:
+        raise NotImplementedError(
+            "hvd.init(comm=...) is not offered: elasticrun forms the group from its own "
+            "rendezvous, without MPI; limit collectives to some ranks with process sets "
+            "(hvd.init(process_sets=[...]) or hvd.add_process_set)"
+        )
     if context.is_initialized():
         return
     config = WorkerConfig.from_env()
@@ -98,6 +108,8 @@ def init() -> None:
         client.close()
         peers.close()
         raise
+    for process_set in process_sets or ():
+        add_process_set(process_set)
 
 
 def _say_exiting_first(control: ControlClient) -> None:
