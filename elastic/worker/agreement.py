@@ -19,7 +19,7 @@ import enum
 import os
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -59,6 +59,9 @@ class Kind(enum.IntEnum):
     JOINED = 11  # a rank inside hvd.join(): it takes part in the others' allreduces
 
 
+# Collectives whose tensors' dimension 0 may differ between ranks.
+_RAGGED = {Kind.ALLGATHER, Kind.GROUPED_ALLGATHER, Kind.ALLTOALL}
+
 # Every dtype a row can name, in a fixed order (the code is the index).
 DTYPES = (
     torch.uint8,
@@ -79,7 +82,6 @@ _SHOWN_DIMS = 4  # a row holds the first four dimensions; a hash stands for the 
 # The row's columns.
 (KIND, OP, DTYPE, NDIM, DIM0, DIM1, DIM2, DIM3, REST, ROOT, NAME, BUSY, TENSORS, NUMEL,
  DEVICE, JOINED, WIDTH) = range(17)  # fmt: skip
-_RAGGED = {3, 4, 6}  # allgather, grouped allgather, alltoall: dimension 0 may differ
 
 
 def _crc(text: str) -> int:
@@ -99,20 +101,19 @@ def _dtype_name(code: int) -> str:
 class Call:
     """One rank's call of a collective, as the other ranks must see it.
 
-    `tensors` are the (dtype, shape) of its tensors (one, or several for a grouped call);
-    `ragged` means dimension 0 may differ between ranks (allgather, alltoall). `op` and
-    `root` are -1 where they do not apply; `root` is a job rank. `cuda`: the tensors are on a
-    GPU (a joined rank's zeros must go the same way).
+    `tensors` are the (dtype, shape) of its tensors (one, or several for a grouped call;
+    dimension 0 may differ between ranks for allgather and alltoall). `op` and `root` are -1
+    where they do not apply; `root` is a job rank. `busy`: a call of the same name is in
+    flight on this rank. `cuda`: the tensors are on a GPU (a joined rank's zeros must go the
+    same way).
     """
 
     kind: Kind
-    what: str
     tensors: Sequence[tuple[torch.dtype, torch.Size]]
     op: int = -1
     root: int = -1
     name: str | None = None
-    ragged: bool = False
-    busy: bool = field(default=False, compare=False)
+    busy: bool = False
     cuda: bool = False
 
     def row(self) -> list[int]:
@@ -129,7 +130,8 @@ class Call:
                 row[DIM0 + i] = dim
             row[REST] = _crc(repr(tuple(shape[_SHOWN_DIMS:])))
         else:
-            described = [(str(d), tuple(s[1:] if self.ragged else s)) for d, s in self.tensors]
+            ragged = self.kind in _RAGGED
+            described = [(str(d), tuple(s[1:] if ragged else s)) for d, s in self.tensors]
             row[REST] = _crc(repr(described))
         return row
 

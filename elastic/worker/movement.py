@@ -124,7 +124,7 @@ def allgather(
     Differentiable."""
     ctx = current("hvd.allgather")
     what = "hvd.allgather"
-    where, rows = checked(ctx, process_set, Kind.ALLGATHER, what, [tensor], name=name, ragged=True)
+    where, rows = checked(ctx, process_set, Kind.ALLGATHER, what, [tensor], name=name)
     dims = [row[0] for row in _dims(where, [tensor], rows)]
     if tensor.requires_grad and torch.is_grad_enabled():
         return _AllgatherFunction.apply(tensor, where, dims, process_set)
@@ -140,7 +140,7 @@ def allgather_async(
     returns the concatenated tensor."""
     ctx = current("hvd.allgather_async")
     what = "hvd.allgather_async"
-    where, rows = checked(ctx, process_set, Kind.ALLGATHER, what, [tensor], name=name, ragged=True)
+    where, rows = checked(ctx, process_set, Kind.ALLGATHER, what, [tensor], name=name)
     dims = [row[0] for row in _dims(where, [tensor], rows)]
     return Handle(_start_gather(where, tensor, dims), name, ctx.in_flight)
 
@@ -181,7 +181,7 @@ def grouped_allgather(
     ctx = current("hvd.grouped_allgather")
     what = "hvd.grouped_allgather"
     kind = Kind.GROUPED_ALLGATHER
-    where, rows = checked(ctx, process_set, kind, what, tensors, name=name, ragged=True)
+    where, rows = checked(ctx, process_set, kind, what, tensors, name=name)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return list(_GroupedAllgatherFunction.apply(where, process_set, *tensors))
     return complete(_start_grouped_gather(where, tensors, rows))
@@ -196,7 +196,7 @@ def grouped_allgather_async(
     ctx = current("hvd.grouped_allgather_async")
     what = "hvd.grouped_allgather_async"
     kind = Kind.GROUPED_ALLGATHER
-    where, rows = checked(ctx, process_set, kind, what, tensors, name=name, ragged=True)
+    where, rows = checked(ctx, process_set, kind, what, tensors, name=name)
     return Handle(_start_grouped_gather(where, tensors, rows), name, ctx.in_flight)
 
 
@@ -375,9 +375,7 @@ def alltoall(
     each rank; `splits`' dtype if it is a tensor, else int32). Differentiable.
     """
     ctx = current("hvd.alltoall")
-    where, _ = checked(
-        ctx, process_set, Kind.ALLTOALL, "hvd.alltoall", [tensor], name=name, ragged=True
-    )
+    where, _ = checked(ctx, process_set, Kind.ALLTOALL, "hvd.alltoall", [tensor], name=name)
     if tensor.requires_grad and torch.is_grad_enabled():
         out, received = _AlltoallFunction.apply(tensor, splits, where)
     else:
@@ -394,9 +392,7 @@ def alltoall_async(
     """Start `alltoall` (splits are exchanged before it returns); `synchronize(handle)`
     returns `(output, received_splits)` whether or not splits were given, as Horovod."""
     ctx = current("hvd.alltoall_async")
-    where, _ = checked(
-        ctx, process_set, Kind.ALLTOALL, "hvd.alltoall_async", [tensor], name=name, ragged=True
-    )
+    where, _ = checked(ctx, process_set, Kind.ALLTOALL, "hvd.alltoall_async", [tensor], name=name)
     return Handle(_start_alltoall(where, tensor, splits), name, ctx.in_flight)
 
 
@@ -444,7 +440,7 @@ def allgather_object(
     ctx = current("hvd.allgather_object")
     payload = _pickled(obj)
     what = "hvd.allgather_object"
-    where, rows = checked(ctx, process_set, Kind.ALLGATHER, what, [payload], name=name, ragged=True)
+    where, rows = checked(ctx, process_set, Kind.ALLGATHER, what, [payload], name=name)
     dims = [row[0] for row in _dims(where, [payload], rows)]
     blob = complete(_start_gather(where, payload, dims)).numpy()
     objects, offset = [], 0

@@ -196,7 +196,7 @@ class _GradientReducer:
             (b.params[0].dtype, torch.Size([sum(b.numels) + b.words])) for b in self.buckets
         ]
         cuda = bool(self.buckets) and self.buckets[0].params[0].is_cuda
-        call = Call(Kind.STEP, "DistributedOptimizer", described, op=self.index, cuda=cuda)
+        call = Call(Kind.STEP, described, op=self.index, cuda=cuda)
         return call.row()
 
     @torch.no_grad()

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from elastic.worker.agreement import Call, Kind, agree, collective_checks
 from elastic.worker.compression import Compression, Compressor
 from elastic.worker.context import WorkerContext, current
+from elastic.worker.errors import CollectiveArgumentError
 from elastic.worker.handles import Handle, Pending, complete
 from elastic.worker.process_sets import ProcessSet, Scope, global_process_set, scope
 from elastic.worker.reduction import (
@@ -66,7 +67,6 @@ def checked(
     op: int = -1,
     root: int = -1,
     name: str | None = None,
-    ragged: bool = False,
     check: bool = True,
 ) -> tuple[Scope, list[list[int]] | None]:
     """The call's scope, after agreeing on its arguments with the other ranks (unless the
@@ -75,18 +75,14 @@ def checked(
     busy = name is not None and name in ctx.in_flight
     if not (check and collective_checks()):
         if busy:
-            from elastic.worker.errors import CollectiveArgumentError
-
             raise CollectiveArgumentError(f"{what}: a collective named {name!r} is in flight")
         return where, None
     call = Call(
         kind=kind,
-        what=what,
         tensors=[(t.dtype, t.shape) for t in tensors],
         op=op,
         root=root,
         name=name,
-        ragged=ragged,
         busy=busy,
         cuda=any(t.is_cuda for t in tensors),
     )
@@ -436,8 +432,6 @@ def _start_reducescatter(
     outputs = []
     for tensor in tensors:
         if tensor.dim() == 0:
-            from elastic.worker.errors import CollectiveArgumentError
-
             raise CollectiveArgumentError("hvd.reducescatter needs at least one dimension")
         wire = wire_dtype(tensor.dtype)
         work = tensor.to(wire, memory_format=torch.contiguous_format, copy=True)
@@ -480,7 +474,7 @@ class _ReducescatterFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(fctx: Any, *grads: torch.Tensor):
-        from elastic.worker.movement import gather_rows
+        from elastic.worker.movement import gather_rows  # movement imports this module
 
         ctx = current("hvd.reducescatter (backward)")
         where = scope(ctx, fctx.ps, "hvd.reducescatter (backward)")
@@ -613,7 +607,7 @@ def sparse_allreduce_async(
     """Start the allreduce of a sparse COO tensor, as Horovod: indices and values are
     allgathered (duplicates are summed when the result is coalesced); Average divides the
     values by the size. `synchronize(handle)` returns the sparse result."""
-    from elastic.worker.movement import allgather_async
+    from elastic.worker.movement import allgather_async  # movement imports this module
 
     resolved = resolve_op(op, None)
     if resolved not in (Average, Sum):
