@@ -134,6 +134,26 @@ class CountResponse(Strict):
 class HostStatus(Strict):
     hostname: str
     slots: int
+    state: Literal["active", "cooldown", "leaving", "drained"] = Field(
+        default="active",
+        description="active: usable; cooldown: excluded after a failure until `until`; "
+        "leaving: a preemption notice says it goes at `until` (None: soon); drained: an "
+        "operator took it out (`elasticrun drain`) until it is undrained",
+    )
+    until: float | None = Field(
+        default=None, description="Unix seconds: the cooldown's end or the notice's deadline"
+    )
+
+
+class CollectiveStatus(Strict):
+    """The collective a worker issued last in its round (`seq` counts them alike on every
+    rank of the round), and whether it is blocked in it now."""
+
+    seq: int = Field(description="the collective's number in the round, from 1")
+    kind: str = Field(description="allreduce, allgather, broadcast, gradients, ...")
+    blocked_for: float | None = Field(
+        default=None, description="seconds it has waited in it so far; None: not waiting"
+    )
 
 
 class WorkerStatus(Strict):
@@ -144,6 +164,24 @@ class WorkerStatus(Strict):
     state: str = Field(description="launching | member | leaving | exited | failed | stopped")
     pid: int | None = None
     exit_code: int | None = None
+    steps: int = Field(default=0, description="optimizer steps this process has taken")
+    step_rate: float | None = Field(
+        default=None, description="optimizer steps per second lately (None: not measured yet)"
+    )
+    sample_rate: float | None = Field(
+        default=None, description="samples per second lately, as its ElasticSampler counts"
+    )
+    commit: int = Field(default=0, description="state commits this worker has made")
+    commit_age: float | None = Field(
+        default=None, description="seconds since its last commit (None: none yet)"
+    )
+    durable_age: float | None = Field(
+        default=None, description="seconds since it last wrote a durable commit (None: never)"
+    )
+    heartbeat_age: float | None = Field(
+        default=None, description="seconds since its last heartbeat reached the driver"
+    )
+    collective: CollectiveStatus | None = None
 
 
 class DecisionRecord(Strict):
@@ -164,6 +202,48 @@ class DurableStatus(Strict):
     )
 
 
+class RoundRecord(Strict):
+    """One formed round: when, how big, why, and how long the job took to recover."""
+
+    number: int
+    formed_at: float = Field(description="Unix seconds")
+    size: int
+    cause: str = Field(
+        description="what the re-form was for: start, failure, join, leave, preemption, "
+        "drain, discovery, partition, driver-restart (several: the first one's)"
+    )
+    reason: str = Field(description="the driver's words")
+    noticed_to_formed: float | None = Field(
+        default=None, description="seconds from the failure noticed to this round formed"
+    )
+    formed_to_first_step: float | None = Field(
+        default=None, description="seconds from this round formed to its first step"
+    )
+
+
+class StalledRank(Strict):
+    rank: int
+    hostname: str
+    doing: str = Field(description='"in allgather #12", or "not in a collective, last step 7"')
+
+
+class StallReport(Strict):
+    """Ranks of one round that are not all in the same collective for too long."""
+
+    round: int
+    collective: CollectiveStatus = Field(description="what the waiting ranks wait in")
+    waiting: list[int] = Field(description="the ranks waiting in it")
+    missing: list[StalledRank] = Field(description="the ranks not in it")
+    seconds: float = Field(description="how long the waiting ranks have waited")
+    line: str = Field(description="the line the driver logged")
+
+
+class DriverUrls(Strict):
+    api: str
+    metrics: str
+    page: str
+
+
 class JobStatus(Strict):
     job_id: str
     epoch: int
@@ -172,3 +252,7 @@ class JobStatus(Strict):
     workers: list[WorkerStatus]
     decisions: list[DecisionRecord] = []  # the newest last, at most 50
     durable: DurableStatus | None = None  # None: no durable commits (no --checkpoint-dir)
+    rounds: list[RoundRecord] = []  # the newest last, at most 100
+    stall: StallReport | None = None  # the current stall, if any
+    log_tail: list[str] = []  # the launcher's newest log lines, at most 200
+    urls: DriverUrls | None = None

@@ -24,3 +24,9 @@ class Services:
     """A worker waits for a key of round `number`, the round this driver took up from an
     earlier one, that this driver does not hold: the ranks were forming that round's group
     when the earlier driver died, and the keys it held are gone."""
+    set_drained: Callable[[str, bool], bool] | None = None
+    """Drain (True) or undrain (False) a host by name; False when the job knows no such
+    host. A drained host's workers leave at their next step boundary, and it gets no new
+    workers until it is undrained. None: this driver cannot (a test's app)."""
+    stop_job: Callable[[], None] | None = None
+    """End the job cleanly: stop every worker, exit. None: this driver cannot."""
