@@ -76,7 +76,7 @@ class CountingListener:
     def registered(self, worker_id: str, pid: int) -> bool:
         return True
 
-    def heartbeat(self, worker_id: str, epoch: int, commit: int) -> bool:
+    def heartbeat(self, worker_id: str, epoch: int, commit: int, *more: object) -> bool:
         self.heartbeats += 1
         return True
 

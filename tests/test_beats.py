@@ -14,6 +14,7 @@ import pytest
 from elastic.driver.control.beats import BeatServer
 from elastic.protocol.beats import (
     MAX_FRAME,
+    Activity,
     FrameError,
     beat_frame,
     hello_frame,
@@ -31,7 +32,8 @@ TOKEN = "beats-token"
 
 
 def test_frames_read_back_as_written_whole_or_in_pieces() -> None:
-    stream = hello_frame(TOKEN, "h1[0]#1") + beat_frame(3, 41, 40, True)
+    doing = Activity(7, 224, 3.5, 1.25, -1.0, 12, "allgather", 0.5)
+    stream = hello_frame(TOKEN, "h1[0]#1") + beat_frame(3, 41, 40, True, doing)
     stream += refused_frame("NOT_FOUND", "x")
     buffer = bytearray()
     bodies: list[bytes] = []
@@ -41,7 +43,7 @@ def test_frames_read_back_as_written_whole_or_in_pieces() -> None:
     assert buffer == b""
     hello, beat, refused = bodies
     assert parse_hello(hello) == (TOKEN, "h1[0]#1")
-    assert parse_beat(beat) == (3, 41, 40, True)
+    assert parse_beat(beat) == (3, 41, 40, True, doing)
     assert parse_refused(refused) == ("NOT_FOUND", "x")
 
 

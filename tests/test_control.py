@@ -73,7 +73,13 @@ class RecordingListener:
         return worker_id not in self.unknown
 
     def heartbeat(
-        self, worker_id: str, epoch: int, commit: int = 0, durable: int = 0, stale: bool = False
+        self,
+        worker_id: str,
+        epoch: int,
+        commit: int = 0,
+        durable: int = 0,
+        stale: bool = False,
+        activity: object = None,
     ) -> bool:
         if self.fail_heartbeats:
             raise RuntimeError("listener bug")

@@ -10,6 +10,7 @@ from elastic.driver.policy.leaving import asked, handovers, leave
 from elastic.driver.policy.rounds import (
     NOTHING,
     BeginFinishing,
+    Cause,
     Decision,
     HandOver,
     Launch,
@@ -68,7 +69,7 @@ def test_a_member_without_a_commit_goes_at_once() -> None:
     assert leave(job, "r0", WHY).actions == (
         LetGo("r0", WHY),
         Log("info", f"rank 0 on host a leaves the job: {WHY}"),
-        Reform(f"rank 0 on host a leaves: {WHY}", broken=False),
+        Reform(f"rank 0 on host a leaves: {WHY}", False, Cause.LEAVE),
     )
 
 
@@ -149,7 +150,9 @@ def test_a_leaver_goes_with_a_warning_when_no_worker_can_be_launched(hosts, phas
         ),
         LetGo("r0", "SIGTERM; nobody can take its state over"),
         Log("info", "rank 0 on host a leaves the job: SIGTERM; nobody can take its state over"),
-        Reform("rank 0 on host a leaves: SIGTERM; nobody can take its state over", broken=False),
+        Reform(
+            "rank 0 on host a leaves: SIGTERM; nobody can take its state over", False, Cause.LEAVE
+        ),
     )
 
 

@@ -11,6 +11,7 @@ from elastic.driver.policy.planning import Start, start_check
 from elastic.driver.policy.rounds import (
     JOIN_WINDOW,
     AskToLeave,
+    Cause,
     Decision,
     FillSlots,
     Finish,
@@ -264,8 +265,8 @@ def test_workers_on_a_removed_host_leave_and_those_in_cooldown_stay() -> None:
     )  # fmt: skip
     decision = hosts_removed(view(*workers), ["b", "c"], discovered={"a", "c"})
     assert decision.actions == (
-        AskToLeave("r1", "host b was removed by discovery"),
-        AskToLeave("j", "host b was removed by discovery"),
+        AskToLeave("r1", "host b was removed by discovery", Cause.DISCOVERY),
+        AskToLeave("j", "host b was removed by discovery", Cause.DISCOVERY),
     )
     assert decision.reason == "host(s) b removed by discovery"
 
@@ -273,11 +274,13 @@ def test_workers_on_a_removed_host_leave_and_those_in_cooldown_stay() -> None:
 def test_workers_on_a_noticed_host_leave_saying_it_is_about_to_be_preempted() -> None:
     workers = (worker("r0", M, host="a"), worker("r1", M, host="b"), worker("r2", M, host="c"))
     decision = hosts_removed(view(*workers), ["b"], discovered={"a", "c"}, noticed={"b": 9.0})
-    assert decision.actions == (AskToLeave("r1", "host b is about to be preempted (notice)"),)
+    assert decision.actions == (
+        AskToLeave("r1", "host b is about to be preempted (notice)", Cause.PREEMPTION),
+    )
     assert decision.reason == "host(s) b about to be preempted (notice)"
     both = hosts_removed(view(*workers), ["b", "c"], discovered={"a"}, noticed={"b": 9.0})
     assert both.reason == "host(s) b, c removed by discovery"
-    assert both.actions[1] == AskToLeave("r2", "host c was removed by discovery")
+    assert both.actions[1] == AskToLeave("r2", "host c was removed by discovery", Cause.DISCOVERY)
 
 
 def test_workers_beyond_a_shrunk_hosts_slots_leave_and_the_others_stay() -> None:

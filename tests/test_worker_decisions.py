@@ -14,6 +14,7 @@ from elastic.driver.policy.rounds import (
     Arrived,
     BeginFinishing,
     BreakRound,
+    Cause,
     CoolDown,
     FillSlots,
     Finish,
@@ -58,7 +59,7 @@ def test_a_killed_member_breaks_its_round_cools_its_host_and_the_job_re_forms() 
         Log("error", line),
         CoolDown("a", "was killed by signal SIGKILL (exit code -9)"),
         BreakRound(3, line),
-        Reform(line, broken=True),
+        Reform(line, True, Cause.FAILURE),
         FillSlots(),
         SeeHandovers(),
     )
@@ -134,7 +135,7 @@ def test_a_member_that_exited_0_while_no_driver_watched_left_and_the_job_re_form
     gone = ended("r0", code=0)
     decision = exited(pair(gone), gone, True, NOW)
     assert kinds(decision) == [MarkEnded, Log, Reform, FillSlots]
-    assert decision.actions[2] == Reform("rank 0 on host a left", broken=False)
+    assert decision.actions[2] == Reform("rank 0 on host a left", False, Cause.LEAVE)
 
 
 def test_the_last_worker_exiting_0_unwatched_asks_whether_the_job_ended() -> None:
@@ -230,7 +231,7 @@ def test_a_worker_in_a_round_never_saved_makes_the_job_re_form_past_it() -> None
     assert decision.actions[1:] == (
         AdvanceTo(7),
         BreakRound(7, "the driver restarted"),
-        Reform("round 7 was never saved", broken=True),
+        Reform("round 7 was never saved", True, Cause.DRIVER_RESTART),
     )
     assert "this driver resumed at round 5" in decision.reason
 

@@ -20,10 +20,12 @@ from elastic.driver.journal.memory import MemoryKeyValueStore
 from elastic.driver.journal.resume import Tally
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.staffing import Staffing
+from elastic.driver.observe.stalls import RankActivity, find_stall
+from elastic.driver.observe.timeline import RoundTimeline
 from elastic.driver.policy import leaving, reachability
 from elastic.driver.policy import rounds as policy
 from elastic.driver.policy import workers as on_workers
-from elastic.driver.policy.rounds import Decision, JobView, Phase
+from elastic.driver.policy.rounds import Cause, Decision, JobView, Phase
 from elastic.driver.rendezvous.keeper import RoundKeeper
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.reports import (
@@ -43,7 +45,7 @@ from elastic.driver.reports import (
 )
 from elastic.driver.settings import Settings
 from elastic.driver.workers import Worker, WorkerState
-from elastic.protocol.http import DecisionRecord
+from elastic.protocol.http import DecisionRecord, StallReport
 
 log = logging.getLogger("elasticrun")
 
@@ -63,10 +65,12 @@ class Conductor:
     """Carries a job from its first round to its end, one report at a time (`hear`).
 
     `phase` says where the job is (`Phase`); `tally` counts its rounds and commits;
-    `decisions` keeps the newest decisions with their reasons. It acts through the parts it
-    is given: `fleet` (processes), `staffing` (new workers), `rendezvous` (through its
-    `RoundKeeper`, `rounds`), `watcher` (hosts), `save_soon` (the journal), `spawn` (a task
-    of the job) and `finish(code, message)`, which ends the job.
+    `decisions` keeps the newest decisions with their reasons; `timeline` the rounds with
+    their causes and recovery times; `stall` the current round's stall (`find_stall`), if
+    any. It acts through the parts it is given: `fleet` (processes), `staffing` (new
+    workers), `rendezvous` (through its `RoundKeeper`, `rounds`), `watcher` (hosts),
+    `save_soon` (the journal), `spawn` (a task of the job) and `finish(code, message)`,
+    which ends the job.
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class Conductor:
         spawn: Spawn,
         finish: Callable[[int, str | None], None],
         clock: Callable[[], float],
+        timeline: RoundTimeline | None = None,
     ) -> None:
         self._settings, self._elastic = settings, settings.elastic
         self._fleet, self._workers, self._staffing = fleet, fleet.workers, staffing
@@ -95,6 +100,9 @@ class Conductor:
         self.phase = Phase.RUNNING
         self.tally = Tally()
         self.decisions: deque[DecisionRecord] = deque(maxlen=DECISIONS_KEPT)
+        self.timeline = timeline or RoundTimeline(clock)
+        self.stall: StallReport | None = None
+        self._wanted_causes: list[Cause] = []  # of the round wanted next, in order
         self._short_since: float | None = None  # when the SHORT phase began
         self._failure_reported: set[int] = set()  # rounds a member said failed, unseen here
         self._commit_at_fleet_loss: int | None = None  # newest commit when all last died
@@ -124,6 +132,7 @@ class Conductor:
             self.apply(on_workers.judged(self.view(), report.worker, verdict, timeout, now))
         elif isinstance(report, Tick):
             self.apply(policy.tick(self.view(), report.now))
+            self._look_for_stall(report.now)
         elif isinstance(report, Waiting):
             self._on_wait(report.worker_id, report.after, report.commit)
         elif isinstance(report, Joined):
@@ -221,7 +230,7 @@ class Conductor:
 
     def _act(self, action: policy.Action, reason: str) -> None:
         if isinstance(action, policy.FormRound):
-            self._form_round(list(action.members), reason)
+            self._form_round(list(action.members), reason, action.cause)
         elif isinstance(action, policy.WaitForWorkers):
             self.phase, self._short_since = Phase.SHORT, action.since
         elif isinstance(action, policy.FillSlots):
@@ -229,14 +238,14 @@ class Conductor:
         elif isinstance(action, policy.Launch):
             self._spawn(self._staffing.grow(action.places, lambda: self.phase.forms_rounds))
         elif isinstance(action, policy.AskToLeave):
-            self.apply(leaving.leave(self.view(), action.worker_id, action.why))
+            self.apply(leaving.leave(self.view(), action.worker_id, action.why, action.cause))
         elif isinstance(action, policy.StopWorker):
             log.info("%s is stopped: %s", self._where(action.worker_id), action.why)
             self.stop(self._workers[action.worker_id])
         elif isinstance(action, policy.HandOver):
             worker = self._workers[action.worker_id]
             worker.state, worker.handing_over = WorkerState.LEAVING, True
-            worker.leave_reason = action.why
+            worker.leave_reason, worker.leave_cause = action.why, action.cause
             self._leavers.add(worker.worker_id)
             self._save_soon()
         elif isinstance(action, policy.LetGo):
@@ -272,6 +281,9 @@ class Conductor:
         elif isinstance(action, policy.BreakRound):
             self.rounds.break_round(action.number, action.why)
         elif isinstance(action, policy.Reform):
+            if action.cause is Cause.FAILURE:
+                self.timeline.noticed()
+            self._wanted_causes.append(action.cause)
             self._reform(action.why, action.broken)
         elif isinstance(action, policy.Arrived):
             self.rounds.arrived(action.worker_id)
@@ -288,14 +300,20 @@ class Conductor:
             self._see_handovers()
 
     def _form_wanted_round(self, reasons: list[str]) -> None:
-        self.apply(policy.next_round(self.view(), policy.summarize(reasons), self._clock()))
+        cause = self._wanted_causes[0] if self._wanted_causes else Cause.JOIN
+        why = policy.summarize(reasons)
+        self.apply(policy.next_round(self.view(), why, self._clock(), cause))
 
-    def _form_round(self, members: list[str], why: str) -> None:
-        """Form the next round with `members`: joiners among them become members."""
+    def _form_round(self, members: list[str], why: str, cause: Cause) -> None:
+        """Form the next round with `members`, for `cause` unless a round was wanted for
+        another first: joiners among them become members."""
         self.phase, self._short_since = Phase.RUNNING, None
         self.tally.resets += 1
         self.tally.update_version += 1
-        self.rounds.form(members, self.tally.update_version, why)
+        number = self.rounds.form(members, self.tally.update_version, why)
+        cause = self._wanted_causes[0] if self._wanted_causes else cause
+        self._wanted_causes.clear()
+        self.timeline.formed(number, len(members), cause, why)
         for worker_id in members:
             if self._workers[worker_id].state is WorkerState.LAUNCHING:
                 self._workers[worker_id].state = WorkerState.MEMBER  # a leaving one stays so
@@ -356,6 +374,29 @@ class Conductor:
         if self._rendezvous.epoch == number and self.phase.forms_rounds:
             self._reform("a worker reported a failed collective", broken=True)
 
+    def _look_for_stall(self, now: float) -> None:
+        """Find the current round's stall; log it once (and again when it changes); past
+        --stall-timeout, the ranks behind have failed."""
+        number = self._rendezvous.epoch
+        members = []
+        for worker_id, slot in self._rendezvous.slots.items():
+            progress = self._workers[worker_id].progress
+            current = progress.activity is not None and progress.round == number
+            collective = progress.collective(now) if current else None
+            steps = progress.activity.steps if progress.activity is not None else 0
+            members.append(RankActivity(slot.rank, slot.hostname, collective, steps))
+        stall = find_stall(number, members, self._settings.stall_warning)
+        previous, self.stall = self.stall, stall
+        if stall is None:
+            return
+        if previous is None or _stall_key(previous) != _stall_key(stall):
+            log.warning("%s", stall.line, extra={"event": "stall"})
+        timeout = self._settings.stall_timeout
+        if timeout is not None and stall.seconds >= timeout:
+            behind = {m.rank for m in stall.missing}
+            ids = [w for w, slot in self._rendezvous.slots.items() if slot.rank in behind]
+            self.apply(on_workers.stalled(self.view(), ids, stall.line, now))
+
     def _where(self, worker_id: str) -> str:
         return self.view().where(self._workers[worker_id])
 
@@ -377,3 +418,9 @@ class Conductor:
 
 def _ended_unwatched(worker: Worker) -> bool:
     return worker.process is not None and worker.process.ended_unwatched
+
+
+def _stall_key(stall: StallReport) -> tuple[int, int, str, tuple[int, ...]]:
+    """What makes a stall the same one: its round, collective and missing ranks."""
+    missing = tuple(m.rank for m in stall.missing)
+    return stall.round, stall.collective.seq, stall.collective.kind, missing

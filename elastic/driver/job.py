@@ -42,9 +42,12 @@ from elastic.driver.launch.environment import WorkerEnvironments
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
 from elastic.driver.launch.staffing import Staffing, host_summary
+from elastic.driver.observe.loop_lag import LoopLag
+from elastic.driver.observe.metrics import JobMetrics
+from elastic.driver.observe.timeline import RoundTimeline
 from elastic.driver.policy.liveness import Limits
 from elastic.driver.policy.planning import first_places
-from elastic.driver.policy.rounds import Phase
+from elastic.driver.policy.rounds import Cause, Phase
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.reports import (
     Joined,
@@ -113,6 +116,10 @@ class Job:
         self._end_message = ""
         self._endpoints: Endpoints | None = None
         self._environments: WorkerEnvironments | None = None  # once the endpoints serve
+        self._loop_lag = LoopLag(clock=clock)
+        self.metrics = JobMetrics(
+            self.status, lambda: self._conductor.timeline.reforms, lambda: self._loop_lag.worst
+        )
         self._given = (hosts, discovery, launcher)
         self._configure(settings, default_log_root(self.job_id))
 
@@ -156,6 +163,7 @@ class Job:
             channels=self._channels, kv=self._kv, watcher=self._watcher,
             save_soon=self._journal.save_soon, spawn=self._spawn, finish=self._finish,
             clock=self._clock,
+            timeline=RoundTimeline(self._clock, on_recovery=self.metrics.recovered),
         )  # fmt: skip
 
     # --- the lifecycle ---------------------------------------------------------------------
@@ -187,10 +195,11 @@ class Job:
             self._token, self._kv, self._rendezvous, self.status, durable=self._journal.flush,
             newest_commit=lambda: self._conductor.tally.newest_commit,
             keys_lost=lambda number: self._reports.put_nowait(KeysLost(number)),
+            metrics=self.metrics.exposition,
         )  # fmt: skip
         inputs = WorkerInputs(
             self._workers, self._channels, self._reports, lambda: self._rendezvous.epoch,
-            self._clock,
+            self._clock, first_step=self._first_step,
         )  # fmt: skip
         address = self._hosts.bind_address(hosts, self.settings.network_interface)
         self._endpoints = endpoints = Endpoints(self.settings, address, services, inputs)
@@ -209,7 +218,10 @@ class Job:
                 self.settings.heartbeat_interval, self.settings.stop_grace,
                 self.settings.start_timeout,
             )  # fmt: skip
-            self._spawn(LivenessWatch(self._fleet.alive, limits, self._reports, self._clock).run())
+            watch = LivenessWatch(
+                self._fleet.alive, limits, self._reports, self._clock, self._loop_lag.record
+            )
+            self._spawn(watch.run())
             if self.elastic is not None:
                 self._spawn(self._watcher.run())
             return await self._result
@@ -333,6 +345,7 @@ class Job:
         places = first_places(hosts, self.settings.np, max_np, self.elastic is not None)
         workers = await self._staffing.place(places)
         self._rendezvous.form([(w.worker_id, w.hostname) for w in workers])
+        self._conductor.timeline.formed(1, len(workers), Cause.START, "the job started")
         for worker in workers:
             worker.state = WorkerState.MEMBER
         self._journal.save_soon()
@@ -340,6 +353,9 @@ class Job:
         (log.info if self.elastic else log.debug)(
             "round 1: %d worker(s) on %s", len(workers), host_summary(workers)
         )
+
+    def _first_step(self, number: int, at: float) -> None:
+        self._conductor.timeline.first_step(number, at)
 
     def _environment(self, worker: Worker) -> dict[str, str]:
         assert self._environments is not None
@@ -361,4 +377,7 @@ class Job:
             hosts,
             self._conductor.decisions,
             self.settings.checkpoint.directory,
+            now=self._clock(),
+            rounds=self._conductor.timeline.records(),
+            stall=self._conductor.stall,
         )

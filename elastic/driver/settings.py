@@ -115,6 +115,8 @@ class Settings:
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     preemption_check: str = ""  # a command the workers run; it prints when their host goes
     preemption_check_interval: float = 5.0
+    stall_warning: float = 60.0  # seconds ranks wait in one collective before a stall line
+    stall_timeout: float | None = None  # seconds after which the ranks behind have failed
 
     def __post_init__(self) -> None:
         """Raise `SettingsError` for no command, no -np outside elastic mode, a count or
@@ -127,6 +129,9 @@ class Settings:
         seconds(self.stop_grace, "--stop-grace")
         seconds(self.heartbeat_interval, "--heartbeat-interval")
         seconds(self.preemption_check_interval, "--preemption-check-interval")
+        seconds(self.stall_warning, "--stall-warning")
+        if self.stall_timeout is not None:
+            seconds(self.stall_timeout, "--stall-timeout")
         if self.preemption_check and self.elastic is None:
             raise SettingsError("--preemption-check needs elastic mode (--min-np or discovery)")
         if self.ssh.port is not None and not 0 < self.ssh.port < 65536:

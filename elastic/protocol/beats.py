@@ -2,8 +2,9 @@
 driver serves TLS) to the port the driver announces on each event stream it accepts.
 
 A worker connects, sends one HELLO (the job token and its worker id), then one BEAT (round,
-commit count, newest durable commit it wrote, whether its durable copy is stale) every
-heartbeat interval. The driver never answers a beat it takes; it answers
+commit count, newest durable commit it wrote, whether its durable copy is stale, and its
+`Activity`: steps, samples, the ages of its round's first step and of its last commits, its
+current collective) every heartbeat interval. The driver never answers a beat it takes; it answers
 a beat or hello it refuses with one REFUSED frame (a status name, as gRPC's, and details) and
 closes the connection: `NOT_FOUND` means the driver counts the worker out. Every frame is a
 2-byte big-endian length, then a body whose first byte says its kind.
@@ -16,6 +17,7 @@ beating once a second. A frame read by an asyncio protocol costs a tenth of that
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 from elastic.errors import ElasticError
 
@@ -27,8 +29,26 @@ MAX_FRAME = 4096  # bytes in one body, at most: a hello is a token and an id
 BEAT_PORT_KEY = "elastic-beat-port"  # the event stream's response header naming the port
 
 _LENGTH = struct.Struct("!H")  # before a frame, and before each string in a frame
-_BEAT = struct.Struct("!HBqqq?")  # length, kind, round, commit, durable, stale: a whole beat
+KIND_BYTES = 16  # a collective's kind is cut to this many bytes
+# length, kind, round, commit, durable, stale, then the activity: steps, samples, first step
+# age, commit age, durable age, collective number, blocked for, collective kind
+_BEAT = struct.Struct(f"!HBqqq?qqdddqd{KIND_BYTES}s")
 _BEAT_BODY_LENGTH = _BEAT.size - _LENGTH.size
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What a worker is doing, as its heartbeat says. Ages are seconds measured by the
+    worker's own clock at the beat (so hosts' clocks need not agree); negative: none."""
+
+    steps: int = 0  # optimizer steps this process has taken
+    samples: int = 0  # samples its ElasticSampler recorded as processed
+    first_step_age: float = -1.0  # since its first step in its current round
+    commit_age: float = -1.0  # since its last commit
+    durable_age: float = -1.0  # since its last durable commit was written
+    seq: int = 0  # collectives it issued in its current round (the last one's number)
+    kind: str = ""  # the last one's kind ("allreduce", "gradients", ...)
+    blocked_for: float = -1.0  # how long it has waited in that collective; negative: not
 
 
 class FrameError(ElasticError, ValueError):
@@ -69,10 +89,22 @@ def hello_frame(token: str, worker_id: str) -> bytes:
     return _frame(bytes([HELLO]) + _strings(token, worker_id))
 
 
-def beat_frame(round_: int, commit: int, durable: int = 0, stale: bool = False) -> bytes:
+def beat_frame(
+    round_: int,
+    commit: int,
+    durable: int = 0,
+    stale: bool = False,
+    activity: Activity = Activity(),
+) -> bytes:
     """One heartbeat: the round the worker is in (0 before its first), its commit count, the
-    newest commit it wrote durably (0: none) and whether its last durable write failed."""
-    return _BEAT.pack(_BEAT_BODY_LENGTH, BEAT, round_, commit, durable, stale)
+    newest commit it wrote durably (0: none), whether its last durable write failed, and
+    what it is doing."""
+    a = activity
+    kind = a.kind.encode()[:KIND_BYTES]
+    return _BEAT.pack(
+        _BEAT_BODY_LENGTH, BEAT, round_, commit, durable, stale, a.steps, a.samples,
+        a.first_step_age, a.commit_age, a.durable_age, a.seq, a.blocked_for, kind,
+    )  # fmt: skip
 
 
 def refused_frame(code: str, details: str) -> bytes:
@@ -86,12 +118,19 @@ def parse_hello(body: bytes) -> tuple[str, str]:
     return token, worker_id
 
 
-def parse_beat(body: bytes) -> tuple[int, int, int, bool]:
-    """(round, commit, durable, stale) of a BEAT body."""
+def parse_beat(body: bytes) -> tuple[int, int, int, bool, Activity]:
+    """(round, commit, durable, stale, activity) of a BEAT body."""
     if len(body) != _BEAT_BODY_LENGTH:
         raise FrameError(f"a beat of {len(body)} bytes, not {_BEAT_BODY_LENGTH}")
-    _, round_, commit, durable, stale = struct.unpack_from("!Bqqq?", body)
-    return round_, commit, durable, stale
+    fields = _BEAT.unpack(_LENGTH.pack(len(body)) + body)
+    round_, commit, durable, stale = fields[2:6]
+    steps, samples, first_step, commit_age, durable_age, seq, blocked, kind = fields[6:]
+    try:
+        name = kind.rstrip(b"\0").decode()
+    except UnicodeDecodeError as err:
+        raise FrameError(f"a beat's collective kind is not UTF-8: {err}") from err
+    activity = Activity(steps, samples, first_step, commit_age, durable_age, seq, name, blocked)
+    return round_, commit, durable, stale, activity
 
 
 def parse_refused(body: bytes) -> tuple[str, str]:

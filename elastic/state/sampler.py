@@ -172,6 +172,7 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
             raise ValueError(f"record_batch({batch_idx}, {batch_size}): invalid batch")
         span = batch_size * self._stride
         self._processed[self._padded[batch_idx * span : (batch_idx + 1) * span]] = True
+        context.process_wide().progress.counted(batch_size)
 
     def record_indices(self, indices: Iterable[int] | torch.Tensor) -> None:
         """Record that these dataset indices have been processed (known to other ranks after

@@ -20,6 +20,7 @@ from elastic.worker.client import DriverClient
 from elastic.worker.config import WorkerConfig
 from elastic.worker.control import ControlClient
 from elastic.worker.membership import MembershipEvents
+from elastic.worker.progress import Progress
 from elastic.worker.reachability import PeerWatch
 
 
@@ -76,6 +77,7 @@ class ProcessWide:
     process_sets: list[Any] = field(default_factory=list)  # ProcessSets added, in order
     # weak references to DistributedOptimizers' gradient reducers, in order of creation
     optimizers: list[Any] = field(default_factory=list)
+    progress: Progress = field(default_factory=Progress)  # what its heartbeats say it does
 
 
 _current: WorkerContext | None = None

@@ -19,7 +19,7 @@ import grpc
 from elastic.errors import ElasticError
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
-from elastic.protocol.beats import BEAT_PORT_KEY
+from elastic.protocol.beats import BEAT_PORT_KEY, Activity
 from elastic.protocol.env import AUTH_SCHEME
 from elastic.protocol.http import SlotInfo
 from elastic.protocol.leave import EXITING, FINISHED
@@ -146,8 +146,10 @@ class ControlClient:
         retry_for: float = 60.0,
         tls_cert: bytes | None = None,
         locator: DriverLocator | None = None,
+        activity: Callable[[], Activity] = Activity,
     ) -> None:
         self.address = address
+        self._activity = activity
         self.worker_id = worker_id
         self._events = events
         self._token = token
@@ -420,11 +422,11 @@ class ControlClient:
                     self._stream = None
             self._stop.wait(backoff.next())
 
-    def _progress(self) -> tuple[int, int, int, bool]:
+    def _progress(self) -> tuple[int, int, int, bool, Activity]:
         """What a heartbeat carries: the epoch, the commit count, the newest durable commit
-        written and whether the last durable write failed."""
+        written, whether the last durable write failed, and what the process is doing."""
         with self._lock:
-            return self._epoch, self._commit, *self._durable
+            return self._epoch, self._commit, *self._durable, self._activity()
 
     def _aim_heartbeats(self, headers: Any) -> None:
         """Send the heartbeats where the response headers of an accepted event stream say."""

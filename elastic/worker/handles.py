@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from elastic.worker.context import current
+from elastic.worker.context import WorkerContext, current, process_wide
 from elastic.worker.errors import WorkerLostError
 
 __all__ = ["Handle", "Pending", "complete", "poll", "synchronize", "wait"]
@@ -37,6 +37,15 @@ def wait(work: dist.Work) -> None:
     with torch's message when the collective timeout passes.
     """
     ctx = current("a collective")
+    progress = process_wide().progress
+    progress.blocked()
+    try:
+        _wait(ctx, work)
+    finally:
+        progress.unblocked()
+
+
+def _wait(ctx: WorkerContext, work: dist.Work) -> None:
     started = time.monotonic()
     deadline = started + ctx.timeout
     on_gpu = ctx.device.type == "cuda"

@@ -202,6 +202,8 @@ class _GradientReducer:
     @torch.no_grad()
     def _launch(self, bucket: _Bucket) -> None:
         ctx = current("DistributedOptimizer")
+        if self.next_launch == 0:  # one collective per step, as the driver counts them
+            context.process_wide().progress.issued("gradients")
         if self.next_launch == 0 and not self.joined and collective_checks():
             # One small exchange per step, before the first bucket, so that a rank inside
             # hvd.join() knows a step comes; it overlaps the backward pass.
@@ -353,7 +355,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 )
             self.synchronize()
         self._synchronized = False
-        return super().step(closure)
+        result = super().step(closure)
+        context.process_wide().progress.stepped()
+        return result
 
     @torch.no_grad()
     def step_joined(self) -> None:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from elastic.worker.agreement import Call, Kind, agree, collective_checks
 from elastic.worker.compression import Compression, Compressor
-from elastic.worker.context import WorkerContext, current
+from elastic.worker.context import WorkerContext, current, process_wide
 from elastic.worker.errors import CollectiveArgumentError
 from elastic.worker.handles import Handle, Pending, complete
 from elastic.worker.process_sets import ProcessSet, Scope, global_process_set, scope
@@ -72,6 +72,7 @@ def checked(
     """The call's scope, after agreeing on its arguments with the other ranks (unless the
     check is off): the rows of every rank, or None when no check ran."""
     where = scope(ctx, process_set, what)
+    process_wide().progress.issued(kind.name.lower())
     busy = name is not None and name in ctx.in_flight
     if not (check and collective_checks()):
         if busy:

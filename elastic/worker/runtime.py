@@ -85,6 +85,7 @@ def init(comm: Any = None, process_sets: Sequence[Any] | None = None) -> None:
         retry_for=config.driver_retry_for,
         tls_cert=config.tls_cert,
         locator=locator,
+        activity=context.process_wide().progress.activity,
     )
     control.start()
     _say_exiting_first(control)
@@ -239,15 +240,27 @@ def _enter_next_epoch(
                 config=config,
                 client=client,
                 control=control,
-                on_commit=control.set_commit,
-                on_durable=control.set_durable,
+                on_commit=lambda count: _committed(control, count),
+                on_durable=lambda written, stale: _wrote_durably(control, written, stale),
                 job_commit=job_commit,
                 store=store,
                 peers=peers,
             )
         )
+        context.process_wide().progress.new_round()
         _publish_slot(slot)
         return
+
+
+def _committed(control: ControlClient, count: int) -> None:
+    control.set_commit(count)
+    context.process_wide().progress.committed()
+
+
+def _wrote_durably(control: ControlClient, written: int, stale: bool) -> None:
+    control.set_durable(written, stale)
+    if not stale:
+        context.process_wide().progress.wrote_durably()
 
 
 def _publish_slot(slot: SlotInfo) -> None:

@@ -124,6 +124,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="workers send a heartbeat this often; one that misses 3 is declared dead and "
         "killed (default 1)",
     )
+    parser.add_argument(
+        "--stall-warning",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="when ranks of a round have waited this long in one collective for others that "
+        "are not in it, log a line naming the ranks behind and what each does (default 60)",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="when ranks have waited this long for others, the ranks behind have failed: they "
+        "are killed and the job re-forms without them (default: never)",
+    )
     elastic = parser.add_argument_group(
         "elastic mode", "on when --host-discovery-script or --min-np is given"
     )
@@ -358,6 +373,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         checkpoint=_checkpoint_settings(args),
         preemption_check=args.preemption_check or "",
         preemption_check_interval=args.preemption_check_interval,
+        stall_warning=args.stall_warning,
+        stall_timeout=args.stall_timeout,
     )
     if elastic is not None and elastic.discovery_script is not None:
         try:

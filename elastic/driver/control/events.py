@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from elastic.protocol.beats import Activity
 from elastic.protocol.http import SlotInfo
 
 
@@ -60,11 +61,17 @@ class WorkerListener(Protocol):
         """A worker process announced itself."""
 
     def heartbeat(
-        self, worker_id: str, epoch: int, commit: int, durable: int = 0, stale: bool = False
+        self,
+        worker_id: str,
+        epoch: int,
+        commit: int,
+        durable: int = 0,
+        stale: bool = False,
+        activity: Activity | None = None,
     ) -> bool:
         """A worker is alive, in `epoch`, having made `commit` state commits; it wrote commit
-        `durable` to the checkpoint directory last (0: none), and its last write failed if
-        `stale`."""
+        `durable` to the checkpoint directory last (0: none), its last write failed if
+        `stale`, and it does what `activity` says."""
 
     def leave(self, worker_id: str, reason: str, commit: int) -> bool:
         """A worker having made `commit` state commits asks to leave at its next commit

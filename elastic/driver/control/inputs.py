@@ -16,6 +16,7 @@ from elastic.driver.reports import (
     Reports,
 )
 from elastic.driver.workers import Worker
+from elastic.protocol.beats import Activity
 
 
 class WorkerInputs:
@@ -25,6 +26,8 @@ class WorkerInputs:
     since) on the workers' records; what needs a decision (a new commit count or a newer
     round in a heartbeat, a leave) goes to `reports`. `current_round` is the driver's newest
     round: a heartbeat from a newer one is reported (an earlier driver formed it unsaved).
+    A heartbeat's activity goes on the worker's `progress`; a first step in the current round
+    is told to `first_step(round, when)` (the driver's monotonic clock).
     """
 
     def __init__(
@@ -34,12 +37,14 @@ class WorkerInputs:
         reports: Reports,
         current_round: Callable[[], int],
         clock: Callable[[], float],
+        first_step: Callable[[int, float], None] = lambda round_, at: None,
     ) -> None:
         self._workers = workers
         self._channels = channels
         self._reports = reports
         self._current_round = current_round
         self._clock = clock
+        self._first_step = first_step
 
     def _live(self, worker_id: str) -> Worker | None:
         worker = self._workers.get(worker_id)
@@ -55,12 +60,22 @@ class WorkerInputs:
         return True
 
     def heartbeat(
-        self, worker_id: str, epoch: int, commit: int, durable: int = 0, stale: bool = False
+        self,
+        worker_id: str,
+        epoch: int,
+        commit: int,
+        durable: int = 0,
+        stale: bool = False,
+        activity: Activity | None = None,
     ) -> bool:
         worker = self._live(worker_id)
         if worker is None:
             return False
-        worker.last_heartbeat = self._clock()
+        now = worker.last_heartbeat = self._clock()
+        if activity is not None:
+            worker.progress.heard(activity, epoch, now)
+            if activity.first_step_age >= 0 and epoch == self._current_round():
+                self._first_step(epoch, now - activity.first_step_age)
         worker.heard = True
         worker.durable = durable
         if stale != worker.durable_stale:

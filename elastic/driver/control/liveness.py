@@ -18,7 +18,7 @@ LAG_WORTH_CREDITING = 0.01  # seconds a look may be late before the lateness is 
 
 class LivenessWatch:
     """Every `min(heartbeat interval, 0.25 s)`, reports each verdict of `judge` over the live
-    workers (`live()`) and then a `Tick`.
+    workers (`live()`) and then a `Tick`; tells `on_lag` how late each look woke.
 
     Misses are judged against heartbeats this driver had the time to read:
     * a look that wakes late by at least a heartbeat interval means this driver was paused
@@ -39,8 +39,10 @@ class LivenessWatch:
         limits: Limits,
         reports: Reports,
         clock: Callable[[], float],
+        on_lag: Callable[[float], None] = lambda seconds: None,
     ) -> None:
         self._live = live
+        self._on_lag = on_lag
         self._limits = limits
         self._reports = reports
         self._clock = clock
@@ -53,7 +55,9 @@ class LivenessWatch:
             await asyncio.sleep(every)
             now = self._clock()
             workers = list(self._live())  # one pass builds it: it is every live worker
-            self._excuse_lag(loop.time() - due, now, workers)
+            lag = loop.time() - due
+            self._on_lag(max(lag, 0.0))
+            self._excuse_lag(lag, now, workers)
             for worker, verdict in judge(workers, now, self._limits):
                 self._reports.put_nowait(Judged(worker, verdict))
             self._reports.put_nowait(Tick(now))

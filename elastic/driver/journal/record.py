@@ -46,6 +46,7 @@ class WorkerRecord(BaseModel):
     commit: int = 0  # the state commits the worker had made at its last heartbeat
     handing_over: bool = False  # leaving, but holds the newest commit: stays until passed on
     leave_reason: str = ""  # why it leaves, while it hands its state over
+    leave_cause: str = "leave"  # what for (preemption, drain, ...), while it hands it over
 
 
 class CooldownRecord(BaseModel):

@@ -77,7 +77,7 @@ def describe_holder(holder: str) -> str:
 # Worker fields saved as they are (state and the launcher's pid are converted).
 _SAVED = (
     "pid", "exit_code", "registered", "joined", "exiting", "log_dir", "offsets", "commit",
-    "handing_over", "leave_reason",
+    "handing_over", "leave_reason", "leave_cause",
 )  # fmt: skip
 
 

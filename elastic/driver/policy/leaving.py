@@ -15,6 +15,7 @@ from elastic.driver.policy.rounds import (
     NOTHING,
     Action,
     BeginFinishing,
+    Cause,
     Decision,
     HandOver,
     JobView,
@@ -40,22 +41,22 @@ def handed_over(view: JobView, worker: Worker) -> bool:
     )
 
 
-def leave(view: JobView, worker_id: str, why: str) -> Decision:
-    """`worker_id` is asked to leave for `why`: a joiner is stopped; a member goes at once
-    (static job, or its state is held elsewhere) or hands its state over first."""
+def leave(view: JobView, worker_id: str, why: str, cause: Cause = Cause.LEAVE) -> Decision:
+    """`worker_id` is asked to leave for `why` (`cause`): a joiner is stopped; a member goes
+    at once (static job, or its state is held elsewhere) or hands its state over first."""
     worker = view.workers[worker_id]
     if worker.state is WorkerState.LAUNCHING:
         return Decision((StopWorker(worker_id, why),), f"worker {worker_id} is stopped: {why}")
     if worker.state is not WorkerState.MEMBER:
         return NOTHING
     if view.elastic is None or handed_over(view, worker):
-        return Decision(let_go(view, worker, why), f"worker {worker_id} leaves: {why}")
+        return Decision(let_go(view, worker, why, cause), f"worker {worker_id} leaves: {why}")
     reason = f"worker {worker_id} leaves ({why}) once another worker holds commit {worker.commit}"
     line = (
         f"{view.where(worker)} leaves the job ({why}) once another worker holds its state "
         f"(commit {worker.commit})"
     )
-    return Decision((HandOver(worker_id, why), Log("info", line), SeeHandovers()), reason)
+    return Decision((HandOver(worker_id, why, cause), Log("info", line), SeeHandovers()), reason)
 
 
 def asked(view: JobView, worker: Worker, reason: str) -> Decision:
@@ -72,10 +73,11 @@ def asked(view: JobView, worker: Worker, reason: str) -> Decision:
     return Decision(actions, f"{view.where(worker)} exits: {reason}")
 
 
-def let_go(view: JobView, worker: Worker, why: str) -> tuple[Action, ...]:
-    """Exclude the leaving `worker` for `why` and, in an elastic job, re-form without it."""
+def let_go(view: JobView, worker: Worker, why: str, cause: Cause) -> tuple[Action, ...]:
+    """Exclude the leaving `worker` for `why` (`cause`) and, in an elastic job, re-form
+    without it."""
     where = view.where(worker)
-    reform = (Reform(f"{where} leaves: {why}", broken=False),) if view.elastic else ()
+    reform = (Reform(f"{where} leaves: {why}", False, cause),) if view.elastic else ()
     return (LetGo(worker.worker_id, why), Log("info", f"{where} leaves the job: {why}"), *reform)
 
 
@@ -90,7 +92,8 @@ def handovers(view: JobView, hosts: Sequence[HostSpec]) -> Decision:
     for worker in leavers:
         if handed_over(view, worker):
             holds = f"another worker holds its state now (commit {worker.commit})"
-            actions += let_go(view, worker, f"{worker.leave_reason}; {holds}")
+            why = f"{worker.leave_reason}; {holds}"
+            actions += let_go(view, worker, why, Cause(worker.leave_cause))
             continue
         if any(
             w.state in (WorkerState.LAUNCHING, WorkerState.MEMBER) and w.process is not None
@@ -108,7 +111,8 @@ def handovers(view: JobView, hosts: Sequence[HostSpec]) -> Decision:
                 f"{worker.commit}) with it: no other worker can be started to take it over",
             )
         )
-        actions += let_go(view, worker, f"{worker.leave_reason}; nobody can take its state over")
+        why = f"{worker.leave_reason}; nobody can take its state over"
+        actions += let_go(view, worker, why, Cause(worker.leave_cause))
     if needs_launch and launch is not None:
         actions.extend(launch.actions)
     if not actions:

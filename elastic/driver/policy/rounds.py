@@ -21,6 +21,19 @@ from elastic.protocol.http import SlotInfo
 JOIN_WINDOW = 3.0  # seconds ready joiners wait for those launched with them before a round
 
 
+class Cause(enum.StrEnum):
+    """What a round was formed for, as the metrics and the page count re-forms."""
+
+    START = "start"  # the job's first round
+    FAILURE = "failure"  # a member died or was declared dead
+    JOIN = "join"  # new workers joined
+    LEAVE = "leave"  # a member left (SIGTERM, its slot went away, it exited early)
+    PREEMPTION = "preemption"  # its host had a preemption notice
+    DRAIN = "drain"  # an operator drained its host
+    DISCOVERY = "discovery"  # discovery stopped offering its host
+    DRIVER_RESTART = "driver-restart"  # a restarted driver lost or never saw a round
+
+
 class Phase(enum.Enum):
     """Where the job is in its life. Only RUNNING and SHORT form rounds or launch workers."""
 
@@ -40,9 +53,11 @@ class Phase(enum.Enum):
 
 @dataclass(frozen=True)
 class FormRound:
-    """Form the next round with `members`, in rank order, and tell the previous members."""
+    """Form the next round with `members`, in rank order, and tell the previous members;
+    `cause`: what it is for, unless a wanted round's causes say otherwise (`Reform`)."""
 
     members: tuple[str, ...]
+    cause: Cause = Cause.JOIN
 
 
 @dataclass(frozen=True)
@@ -66,10 +81,11 @@ class Launch:
 
 @dataclass(frozen=True)
 class AskToLeave:
-    """Ask worker `worker_id` to leave at its next commit, for `why`."""
+    """Ask worker `worker_id` to leave at its next commit, for `why` (a `cause` of its own)."""
 
     worker_id: str
     why: str
+    cause: Cause = Cause.LEAVE
 
 
 @dataclass(frozen=True)
@@ -87,6 +103,7 @@ class HandOver:
 
     worker_id: str
     why: str
+    cause: Cause = Cause.LEAVE
 
 
 @dataclass(frozen=True)
@@ -169,10 +186,11 @@ class BreakRound:
 @dataclass(frozen=True)
 class Reform:
     """Ask for the next round, for `why`; `broken`: a member died, and the round waits for
-    every survivor to come back to the rendezvous (see `RoundBatcher`)."""
+    every survivor to come back to the rendezvous (see `RoundBatcher`); `cause`: what for."""
 
     why: str
     broken: bool
+    cause: Cause
 
 
 @dataclass(frozen=True)
@@ -302,7 +320,7 @@ class JobView:
 # --- decisions ---------------------------------------------------------------------------
 
 
-def next_round(view: JobView, why: str, now: float) -> Decision:
+def next_round(view: JobView, why: str, now: float, cause: Cause = Cause.JOIN) -> Decision:
     """Form the next round from the surviving members (leavers still handing their state
     over among them) and the joiners waiting at the rendezvous, capped at --max-np.
 
@@ -328,7 +346,7 @@ def next_round(view: JobView, why: str, now: float) -> Decision:
     if limit is not None and view.resets + 1 > limit:
         message = f"reset limit reached: {limit} re-rendezvous (--reset-limit); {why}"
         return Decision((Finish(1, message),), message)
-    return Decision((FormRound(tuple(members)),), why)
+    return Decision((FormRound(tuple(members), cause),), why)
 
 
 def survivors(view: JobView) -> list[str]:
@@ -471,8 +489,11 @@ def hosts_removed(
             return f"host {hostname} is about to be preempted (notice)"
         return f"host {hostname} was removed by discovery"
 
+    def cause(hostname: str) -> Cause:
+        return Cause.PREEMPTION if hostname in noticed else Cause.DISCOVERY
+
     actions = tuple(
-        AskToLeave(worker.worker_id, why(hostname))
+        AskToLeave(worker.worker_id, why(hostname), cause(hostname))
         for hostname in removed
         if hostname not in discovered
         for worker in view.workers.values()

@@ -9,6 +9,7 @@ follow-up that depends on the changed records is an action of its own (`SeeIfEnd
 from __future__ import annotations
 
 import signal
+from collections.abc import Sequence
 
 from elastic.driver.policy.liveness import Ending, Verdict, ending
 from elastic.driver.policy.rounds import (
@@ -18,6 +19,7 @@ from elastic.driver.policy.rounds import (
     Arrived,
     BeginFinishing,
     BreakRound,
+    Cause,
     CoolDown,
     Decision,
     FillSlots,
@@ -72,7 +74,7 @@ def exited(view: JobView, worker: Worker, ended_unwatched: bool, now: float) -> 
         )
         actions: list[Action] = [ended, Log("warning", line)]
         if was_member and view.elastic is not None:
-            actions.append(Reform(f"{where} left", broken=False))
+            actions.append(Reform(f"{where} left", broken=False, cause=Cause.LEAVE))
         actions.append(FillSlots() if view.alive_besides(worker) else SeeIfEnded())
         return Decision(tuple(actions), line)
     finishing = (BeginFinishing(),) if was_member else ()  # a member's end is training's end
@@ -94,7 +96,7 @@ def failed(view: JobView, worker: Worker, reason: str, now: float) -> Decision:
     if not view.phase.forms_rounds:
         return Decision((*actions, SeeIfEnded()), line)
     if worker.worker_id in view.slots:
-        actions += [BreakRound(view.round, line), Reform(line, broken=True)]
+        actions += [BreakRound(view.round, line), Reform(line, True, Cause.FAILURE)]
     elif worker.state is WorkerState.LEAVING:
         actions.append(BreakRound(view.round - 1, line))
     if view.alive_besides(worker):
@@ -170,7 +172,7 @@ def caught_up(view: JobView, number: int) -> Decision:
         Log("warning", line),
         AdvanceTo(number),
         BreakRound(number, "the driver restarted"),
-        Reform(f"round {number} was never saved", broken=True),
+        Reform(f"round {number} was never saved", True, Cause.DRIVER_RESTART),
     )
     return Decision(actions, line)
 
@@ -188,6 +190,18 @@ def keys_lost(view: JobView, number: int) -> Decision:
     actions = (
         Log("warning", line),
         BreakRound(number, "the driver restarted while the round formed"),
-        Reform(f"round {number}'s rendezvous keys were lost", broken=True),
+        Reform(f"round {number}'s rendezvous keys were lost", True, Cause.DRIVER_RESTART),
     )
     return Decision(actions, line)
+
+
+def stalled(view: JobView, worker_ids: Sequence[str], line: str, now: float) -> Decision:
+    """The live workers of `worker_ids` kept the others of their round waiting past
+    --stall-timeout (`line` says how): each is killed and has failed (see `failed`)."""
+    actions: list[Action] = []
+    for worker_id in worker_ids:
+        worker = view.workers[worker_id]
+        if worker.state.alive:
+            reason = "kept its round waiting past --stall-timeout"
+            actions += [Signal(worker_id, kill=True), *failed(view, worker, reason, now).actions]
+    return Decision(tuple(actions), line) if actions else NOTHING

@@ -15,7 +15,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from elastic.driver.server import kv, rendezvous, status
+from elastic.driver.server import kv, metrics, rendezvous, status
 from elastic.driver.server.auth import TokenGate, require_token
 from elastic.driver.server.connections import ConnectionGuard, ConnectionLimits
 from elastic.driver.server.limits import MAX_BODY_BYTES, BodyLimit
@@ -43,7 +43,7 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
 
 
 def create_app(services: Services, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """The HTTP API; every route requires the job token.
+    """The HTTP API; every route but `/metrics` (read-only, no secret) requires the job token.
 
     A request without the token is refused (401) from its headers, before its body is read; a
     body over `max_body_bytes` is refused (413) before it is parsed (see `TokenGate`, `BodyLimit`).
@@ -51,7 +51,6 @@ def create_app(services: Services, max_body_bytes: int = MAX_BODY_BYTES) -> Fast
     app = FastAPI(
         title="elasticrun driver",
         version="1",
-        dependencies=[Depends(require_token)],
         responses={
             401: {"model": ErrorResponse},
             413: {"model": ErrorResponse, "description": "request body too large"},
@@ -61,10 +60,11 @@ def create_app(services: Services, max_body_bytes: int = MAX_BODY_BYTES) -> Fast
     app.state.services = services
     app.state.refused_peers = set()
     for module in (rendezvous, kv, status):
-        app.include_router(module.router)
+        app.include_router(module.router, dependencies=[Depends(require_token)])
+    app.include_router(metrics.router)
     # The last middleware added runs first: the token is checked before the body is counted.
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-    app.add_middleware(TokenGate)
+    app.add_middleware(TokenGate, open_paths=frozenset({metrics.PATH}))
 
     @app.exception_handler(RequestValidationError)
     async def malformed(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -77,17 +77,19 @@ async def require_token(request: Request) -> None:
 
 class TokenGate:
     """Pure ASGI middleware: answers 401 (`WWW-Authenticate: Bearer`, connection closed) to an
-    HTTP request without the job token, before reading any of its body.
+    HTTP request without the job token, before reading any of its body, unless its path is
+    one of `open_paths` (served to anyone: nothing secret there).
 
     The token and the set of refused peers are read from the Starlette app serving the
     request (`app.state.services`, `app.state.refused_peers`), as `require_token` reads them.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, open_paths: frozenset[str] = frozenset()) -> None:
         self.app = app
+        self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] == "http" and scope["path"] not in self.open_paths:
             state = scope["app"].state
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             if not token_matches(given, state.services.token):

@@ -24,6 +24,8 @@ class Services:
     """A worker waits for a key of round `number`, the round this driver took up from an
     earlier one, that this driver does not hold: the ranks were forming that round's group
     when the earlier driver died, and the keys it held are gone."""
+    metrics: Callable[[], bytes] | None = None
+    """The Prometheus exposition of the job's metrics, served without the token."""
     set_drained: Callable[[str, bool], bool] | None = None
     """Drain (True) or undrain (False) a host by name; False when the job knows no such
     host. A drained host's workers leave at their next step boundary, and it gets no new

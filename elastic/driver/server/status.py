@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from fastapi import APIRouter
 
@@ -15,6 +16,8 @@ from elastic.protocol.http import (
     DurableStatus,
     HostStatus,
     JobStatus,
+    RoundRecord,
+    StallReport,
     WorkerStatus,
 )
 
@@ -33,9 +36,14 @@ def describe_job(
     hosts: Iterable[HostSpec],
     decisions: Iterable[DecisionRecord],
     checkpoint_dir: str = "",
+    *,
+    now: float = 0.0,
+    rounds: Iterable[RoundRecord] = (),
+    stall: StallReport | None = None,
 ) -> JobStatus:
     """The status of job `job_id`: its round, its usable `hosts`, every worker launched (rank
-    and local rank in the current round, if a member), its newest `decisions`, and its
+    and local rank in the current round, if a member; its progress, with ages as of `now` on
+    the driver's monotonic clock), its newest `decisions`, its `rounds` and `stall`, and its
     durable commits when there is a `checkpoint_dir` or a worker wrote one (a state given
     its own directory)."""
     statuses = []
@@ -56,6 +64,8 @@ def describe_job(
                 state=worker.state.value,
                 pid=worker.pid,
                 exit_code=worker.exit_code,
+                commit=worker.commit,
+                **_progress(worker, rendezvous.epoch, now),
             )
         )
     return JobStatus(
@@ -66,4 +76,22 @@ def describe_job(
         workers=statuses,
         decisions=list(decisions),
         durable=durable,
+        rounds=list(rounds),
+        stall=stall,
     )
+
+
+def _progress(worker: Worker, current_round: int, now: float) -> dict[str, Any]:
+    """A live worker's progress fields of its `WorkerStatus` (none for an ended one)."""
+    progress, activity = worker.progress, worker.progress.activity
+    if not worker.state.alive or activity is None:
+        return {}
+    return {
+        "steps": activity.steps,
+        "step_rate": progress.step_rate,
+        "sample_rate": progress.sample_rate,
+        "commit_age": progress.age(activity.commit_age, now),
+        "durable_age": progress.age(activity.durable_age, now),
+        "heartbeat_age": max(0.0, now - worker.last_heartbeat),
+        "collective": progress.collective(now) if progress.round == current_round else None,
+    }
