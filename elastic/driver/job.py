@@ -170,9 +170,12 @@ class Job:
 
     async def run(self) -> int:
         self._result = asyncio.get_running_loop().create_future()
+        started = self._clock()
         documents = await self._journal.claim()
         try:
-            return await self._run(documents)
+            code = await self._run(documents)
+            log.info("%s", self._summary(code, self._clock() - started), extra={"event": "end"})
+            return code
         finally:
             await self._record_result()
             await self._journal.close()
@@ -361,6 +364,21 @@ class Job:
         assert self._environments is not None
         return self._environments.of(
             worker.worker_id, worker.hostname, self._rendezvous.slot_of(worker.worker_id)
+        )
+
+    def _summary(self, code: int, seconds: float) -> str:
+        """The job's last line for people: its exit code, wall time, rounds and re-forms by
+        cause, and the most optimizer steps any worker took."""
+        timeline = self._conductor.timeline
+        reforms = sum(timeline.reforms.values())
+        causes = ", ".join(f"{n} {cause}" for cause, n in timeline.reforms.most_common())
+        steps = max((w.progress.activity.steps for w in self._workers.values()
+                     if w.progress.activity is not None), default=0)  # fmt: skip
+        return (
+            f"job {self.job_id} ended with exit code {code} after {seconds:.1f} s: "
+            f"{self._rendezvous.epoch} round(s), {reforms} re-form(s)"
+            + (f" ({causes})" if causes else "")
+            + f", {steps} step(s)"
         )
 
     @property

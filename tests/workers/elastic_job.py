@@ -6,7 +6,7 @@ shards, in a buffer of the model: TorchState commits, restores and syncs it with
 else. After `--epochs` epochs every sample must have been counted exactly `--epochs` times,
 however the job shrank, grew or rolled back meanwhile. Rank 0 writes `result.json` into `--out`.
 
-Prints `worker pid=P` at start, `joined rank=R size=N pid=P` after `hvd.init()`,
+Prints `worker pid=P driver=URL` at start, `joined rank=R size=N pid=P` after `hvd.init()`,
 `step S epoch E size N rank R` per step and `done size N rank R` at the end, then calls
 `hvd.shutdown()` (unless `--no-shutdown`); `--exit-delay S` makes its interpreter's exit slow.
 """
@@ -78,7 +78,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    print(f"worker pid={os.getpid()}", flush=True)
+    print(f"worker pid={os.getpid()} driver={os.environ['ELASTIC_DRIVER_URL']}", flush=True)
     if args.exit_delay:  # registered before init, as by a library imported earlier
         atexit.register(time.sleep, args.exit_delay)
     hvd.init()
