@@ -20,6 +20,7 @@ import pytest
 
 from elastic.driver.journal.etcd import EtcdBackend
 from elastic.protocol.etcd import EtcdOptions, parse_endpoints
+from elastic.protocol.http import JobStatus
 from tests.conftest import ELASTICRUN, RunningJob, pids_alive
 from tests.etcd_server import EtcdServer, JobLock
 from tests.test_elastic import assert_exactly_once, job_args, ranks_to_pids
@@ -94,7 +95,8 @@ def test_a_restarted_driver_adopts_the_running_workers(
     second.wait_for(r"holding for")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # the new driver hears each worker's latest commit
-        workers = json.loads(status(etcd, "restart1", "--json").stdout)["state"]["workers"]
+        saved = status(etcd, "restart1", "--json", "--saved").stdout
+        workers = json.loads(saved)["state"]["workers"]
         if all(w["commit"] >= 20 for w in workers):
             break
         time.sleep(0.5)
@@ -273,7 +275,7 @@ def test_an_etcd_crash_mid_training_loses_nothing(
     job.wait_for(r"unreachable for \d+ s \(grace 1 s", timeout=30)
     etcd.start()
     job.wait_for(r"reachable again after \d+ s; job state saved", timeout=30)
-    shown = status(etcd, "outage", "--json")
+    shown = status(etcd, "outage", "--json", "--saved")
     saved = json.loads(shown.stdout)
     assert saved["state"]["epoch"] == 2, "the change made during the outage was saved"
     assert "secret" not in saved and "token" not in shown.stdout
@@ -298,7 +300,8 @@ def test_the_token_is_on_no_command_line(elasticrun, etcd: EtcdServer, tmp_path:
                 assert token not in (entry / "cmdline").read_bytes(), entry
             except OSError:
                 continue
-    status_text = status(etcd, "secret1", "--json").stdout
+    status_text = status(etcd, "secret1", "--json").stdout  # the running driver's answer
+    assert JobStatus.model_validate_json(status_text).size == 2
     assert token.decode() not in status_text and "holding" not in status_text
     hold.touch()
     assert job.finish(60) == 0

@@ -6,7 +6,6 @@ import asyncio
 
 import httpx
 
-from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.journal.memory import MemoryKeyValueStore
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.server.app import create_app
@@ -16,7 +15,7 @@ from elastic.protocol.http import DecisionRecord, DurableStatus, HostStatus, Job
 from tests.policy_views import F, L, M, worker
 
 TOKEN = "s3cret-token-value"
-HOSTS = [HostSpec("a", 2), HostSpec("b", 1)]
+HOSTS = [HostStatus(hostname="a", slots=2), HostStatus(hostname="b", slots=1, state="drained")]
 DECISIONS = [
     DecisionRecord(time=1.0, round=1, reason="worker j joined"),
     DecisionRecord(time=2.0, round=2, reason="worker r0 died; worker r1 died"),
@@ -48,7 +47,7 @@ def test_members_have_their_ranks_and_other_workers_none() -> None:
         ("w#4", None, None, "launching"),
     ]
     assert [(w.pid, w.exit_code) for w in status.workers][:2] == [(10, 9), (11, None)]
-    assert status.hosts == [HostStatus(hostname="a", slots=2), HostStatus(hostname="b", slots=1)]
+    assert status.hosts == HOSTS
 
 
 def test_durable_commits_show_the_newest_written_and_a_stale_copy_of_live_workers() -> None:

@@ -29,6 +29,7 @@ from elastic.driver.policy.rounds import Cause, Decision, JobView, Phase
 from elastic.driver.rendezvous.keeper import RoundKeeper
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.reports import (
+    DrainAsked,
     DurableStale,
     Heard,
     HostNoticed,
@@ -39,6 +40,7 @@ from elastic.driver.reports import (
     LeaveAsked,
     PeersUnreachable,
     Report,
+    StopAsked,
     Tick,
     Waiting,
     WorkerExited,
@@ -155,20 +157,43 @@ class Conductor:
                 self.apply(on_workers.keys_lost(self.view(), report.round))
         elif isinstance(report, DurableStale):
             self._on_durable(report)
+        elif isinstance(report, DrainAsked):
+            self._on_drain(report.hostname, report.drained)
+        elif isinstance(report, StopAsked):
+            self._finish(0, "stopped by `elasticrun stop`: stopping every worker")
         elif isinstance(report, HostNoticed):
             self._watcher.host_noticed(report.hostname, report.leaving_at)
         elif isinstance(report, HostsChanged):
             tracker = self._watcher.tracker
             noticed = tracker.leaving(self._clock())  # offered, but about to be taken away
-            discovered = {h.hostname for h in tracker.discovered_hosts} - noticed.keys()
+            gone = noticed.keys() | tracker.drained
+            discovered = {h.hostname for h in tracker.discovered_hosts} - gone
             removed = report.change.removed
-            self.apply(policy.hosts_removed(self.view(), removed, discovered, noticed))
+            decision = policy.hosts_removed(
+                self.view(), removed, discovered, noticed, tracker.drained
+            )
+            self.apply(decision)
             resized = {h.hostname: h.slots for h in report.change.hosts}
             slots = {name: resized[name] for name in report.change.resized}
             self.apply(policy.hosts_resized(self.view(), slots))
             if report.change.added:
                 log.info("hosts available: %s", ", ".join(report.change.added))
             self._scale()
+
+    def _on_drain(self, hostname: str, drained: bool) -> None:
+        if drained == (hostname in self._watcher.tracker.drained):
+            return
+        if drained:
+            log.warning(
+                "host %s is drained (elasticrun drain): its workers leave at their next step, "
+                "and it gets no new ones until `elasticrun undrain %s`",
+                hostname,
+                hostname,
+                extra={"event": "leave"},
+            )
+        else:
+            log.info("host %s is undrained: its free slots are filled again", hostname)
+        self._watcher.drain(hostname, drained)
 
     def _on_durable(self, report: DurableStale) -> None:
         """Say, once per change, that the durable copy lags or is written again."""

@@ -25,6 +25,7 @@ from elastic.driver.discovery.cooldown import Cooldown
 from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.discovery.watcher import HostWatcher
 from elastic.driver.errors import LaunchError, UsageError
+from elastic.driver.job_file import remove_job_file, urls_of, write_job_file
 from elastic.driver.journal.backend import StateBackend
 from elastic.driver.journal.journal import JobJournal, backend_for
 from elastic.driver.journal.memory import MemoryBackend, MemoryKeyValueStore
@@ -50,9 +51,11 @@ from elastic.driver.policy.planning import first_places
 from elastic.driver.policy.rounds import Cause, Phase
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.reports import (
+    DrainAsked,
     Joined,
     KeysLost,
     Reports,
+    StopAsked,
     Waiting,
 )
 from elastic.driver.server.endpoints import Endpoints
@@ -60,7 +63,7 @@ from elastic.driver.server.services import Services
 from elastic.driver.server.status import describe_job
 from elastic.driver.settings import Settings
 from elastic.driver.workers import Worker, WorkerState
-from elastic.protocol.http import JobStatus
+from elastic.protocol.http import HostStatus, JobStatus
 
 log = logging.getLogger("elasticrun")
 
@@ -198,7 +201,8 @@ class Job:
             self._token, self._kv, self._rendezvous, self.status, durable=self._journal.flush,
             newest_commit=lambda: self._conductor.tally.newest_commit,
             keys_lost=lambda number: self._reports.put_nowait(KeysLost(number)),
-            metrics=self.metrics.exposition,
+            metrics=self.metrics.exposition, set_drained=self.set_drained,
+            stop_job=lambda: self._reports.put_nowait(StopAsked()),
         )  # fmt: skip
         inputs = WorkerInputs(
             self._workers, self._channels, self._reports, lambda: self._rendezvous.epoch,
@@ -210,6 +214,12 @@ class Job:
         self._environments = WorkerEnvironments(
             self.settings, endpoints, job_id=self.job_id, token=self._token
         )
+        tls_cert = endpoints.address(self._driver_id, self._token).tls_cert
+        job_file = write_job_file(self.job_id, self._token, endpoints.url, tls_cert)
+        (log.info if self.elastic else log.debug)(
+            "job %s: `elasticrun status --job-id %s` (also drain, undrain, stop); metrics at "
+            "%s/metrics; its token is in %s", self.job_id, self.job_id, endpoints.url, job_file,
+        )  # fmt: skip
         try:
             await self._publish(new=not resuming)
             if resuming:
@@ -234,6 +244,7 @@ class Job:
             self._conductor.rounds.cancel()
             await self._fleet.close(abandon=self._conductor.phase is Phase.ABANDONED)
             await endpoints.stop()
+            remove_job_file(job_file)
 
     async def _hear_reports(self) -> None:
         while True:
@@ -386,8 +397,43 @@ class Job:
         """The job's last line, once it has ended ("" for a clean end)."""
         return self._end_message
 
+    def set_drained(self, hostname: str, drained: bool) -> str:
+        """Drain or undrain `hostname` (see `Services.set_drained`)."""
+        if self.elastic is None:
+            raise ValueError(
+                "a static job's hosts are fixed: drain needs elastic mode (--min-np or "
+                "--host-discovery-script)"
+            )
+        tracker = self._watcher.tracker
+        known = [h.hostname for h in tracker.discovered_hosts]
+        if hostname not in known and hostname not in tracker.drained:
+            raise LookupError(f"job {self.job_id} has no host {hostname!r} (it has: "
+                              f"{', '.join(known) or 'none'})")  # fmt: skip
+        self._reports.put_nowait(DrainAsked(hostname, drained))
+        if not drained:
+            return f"host {hostname} is undrained: its free slots are filled again"
+        left = sum(h.slots for h in tracker.hosts if h.hostname != hostname)
+        short = (
+            f"; {left} slot(s) remain, fewer than --min-np {self.elastic.min_np}: the job "
+            "waits for hosts (up to --elastic-timeout)"
+            if left < self.elastic.min_np
+            else ""
+        )
+        return (
+            f"host {hostname} is drained: its workers leave at their next step, and it gets "
+            f"no new ones until undrained{short}"
+        )
+
     def status(self) -> JobStatus:
-        hosts = self._watcher.tracker.hosts if self.elastic is not None else self.settings.hosts
+        now = self._clock()
+        if self.elastic is not None:
+            hosts = [
+                HostStatus(hostname=spec.hostname, slots=spec.slots, state=state,
+                           until=until - now + time.time() if until is not None else None)
+                for spec, state, until in self._watcher.tracker.states(now)
+            ]  # fmt: skip
+        else:
+            hosts = [HostStatus(hostname=h.hostname, slots=h.slots) for h in self.settings.hosts]
         return describe_job(
             self.job_id,
             self._rendezvous,
@@ -395,7 +441,8 @@ class Job:
             hosts,
             self._conductor.decisions,
             self.settings.checkpoint.directory,
-            now=self._clock(),
+            now=now,
             rounds=self._conductor.timeline.records(),
             stall=self._conductor.stall,
+            urls=urls_of(self._endpoints.url) if self._endpoints is not None else None,
         )

@@ -108,6 +108,19 @@ class DurableStale:
 
 
 @dataclass(frozen=True)
+class DrainAsked:
+    """An operator drained `hostname` (or, `drained` False, undrained it)."""
+
+    hostname: str
+    drained: bool
+
+
+@dataclass(frozen=True)
+class StopAsked:
+    """An operator asked the job to stop (`elasticrun stop`)."""
+
+
+@dataclass(frozen=True)
 class HostsChanged:
     """Discovery or a cooldown changed the usable hosts."""
 
@@ -126,6 +139,8 @@ Report = (
     | KeysLost
     | HostNoticed
     | DurableStale
+    | DrainAsked
+    | StopAsked
     | HostsChanged
 )
 Reports = asyncio.Queue[Report]

@@ -256,3 +256,16 @@ class JobStatus(Strict):
     stall: StallReport | None = None  # the current stall, if any
     log_tail: list[str] = []  # the launcher's newest log lines, at most 200
     urls: DriverUrls | None = None
+
+
+# --- operations -------------------------------------------------------------------------------
+
+
+class DrainResponse(Strict):
+    hostname: str
+    drained: bool
+    message: str = Field(description="what happens now, in words")
+
+
+class StopResponse(Strict):
+    message: str

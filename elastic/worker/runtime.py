@@ -215,6 +215,7 @@ def _enter_next_epoch(
             answer = client.join(config.worker_id, after_epoch, join_timeout, control.commit)
             epoch, slot, job_commit = answer.epoch, answer.slot, answer.job_commit
         assert slot is not None
+        context.process_wide().progress.new_round()  # before a beat can say the new round
         control.set_epoch(epoch)
         store = DriverStore(client, epoch, timeout)
         device = device_for(slot.local_rank)
@@ -247,7 +248,6 @@ def _enter_next_epoch(
                 peers=peers,
             )
         )
-        context.process_wide().progress.new_round()
         _publish_slot(slot)
         return
 

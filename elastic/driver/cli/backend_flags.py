@@ -38,25 +38,7 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
         help="the job's name in the backend (default: a fresh random id, printed at start); "
         "letters, digits, '.', '_' and '-'",
     )
-    durable.add_argument(
-        "--etcd-endpoints",
-        metavar="HOST:PORT,...",
-        help="etcd servers (with --backend etcd)",
-    )
-    durable.add_argument(
-        "--etcd-prefix",
-        default=DEFAULT_PREFIX,
-        metavar="PREFIX",
-        help=f"key prefix of every job's state in etcd (default {DEFAULT_PREFIX})",
-    )
-    durable.add_argument("--etcd-ca-cert", metavar="FILE", help="CA certificate of etcd (TLS)")
-    durable.add_argument("--etcd-cert", metavar="FILE", help="client certificate for etcd")
-    durable.add_argument("--etcd-key", metavar="FILE", help="client key for etcd")
-    durable.add_argument(
-        "--etcd-user",
-        metavar="USER",
-        help=f"etcd user; the password is read from ${worker_env.ETCD_PASSWORD}, never a flag",
-    )
+    add_etcd_flags(durable, "with --backend etcd")
     durable.add_argument(
         "--etcd-grace",
         type=float,
@@ -75,15 +57,36 @@ def add_backend_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def etcd_options(args: argparse.Namespace) -> EtcdOptions | None:
-    """The etcd options given, or None when the backend is memory; raises `UsageError` for
-    flags that need --backend etcd, missing endpoints or files, endpoints that do not parse.
-    `BackendSettings` checks the rest."""
+def add_etcd_flags(group: argparse._ArgumentGroup | argparse.ArgumentParser, when: str) -> None:
+    """The flags that reach etcd: its endpoints, the key prefix, TLS and a user (`when`:
+    when the endpoints apply, for their help)."""
+    group.add_argument("--etcd-endpoints", metavar="HOST:PORT,...", help=f"etcd servers ({when})")
+    group.add_argument(
+        "--etcd-prefix",
+        default=DEFAULT_PREFIX,
+        metavar="PREFIX",
+        help=f"key prefix of every job's state in etcd (default {DEFAULT_PREFIX})",
+    )
+    group.add_argument("--etcd-ca-cert", metavar="FILE", help="CA certificate of etcd (TLS)")
+    group.add_argument("--etcd-cert", metavar="FILE", help="client certificate for etcd")
+    group.add_argument("--etcd-key", metavar="FILE", help="client key for etcd")
+    group.add_argument(
+        "--etcd-user",
+        metavar="USER",
+        help=f"etcd user; the password is read from ${worker_env.ETCD_PASSWORD}, never a flag",
+    )
+
+
+def etcd_options(args: argparse.Namespace, wanted: bool | None = None) -> EtcdOptions | None:
+    """The etcd options given, or None when etcd is not `wanted` (default: when --backend is
+    not etcd); raises `UsageError` for flags that need etcd, missing endpoints or files,
+    endpoints that do not parse. `BackendSettings` checks the rest."""
     flags = ("etcd_endpoints", "etcd_ca_cert", "etcd_cert", "etcd_key", "etcd_user")
-    if args.backend != "etcd":
+    needs = "--backend etcd" if wanted is None else "--etcd-endpoints"
+    if not (args.backend == "etcd" if wanted is None else wanted):
         for flag in flags:
             if getattr(args, flag) is not None:
-                raise UsageError(f"--{flag.replace('_', '-')} needs --backend etcd")
+                raise UsageError(f"--{flag.replace('_', '-')} needs {needs}")
         return None
     if not args.etcd_endpoints:
         raise UsageError("--backend etcd needs --etcd-endpoints HOST:PORT[,HOST:PORT...]")

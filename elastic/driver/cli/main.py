@@ -22,7 +22,7 @@ from elastic.driver.cli.flag_sources import (
     layered_defaults,
     unknown_variables_warning,
 )
-from elastic.driver.cli.status_command import status_main
+from elastic.driver.cli.job_commands import COMMANDS, job_command_main
 from elastic.driver.discovery import DiscoveryError, ScriptDiscovery
 from elastic.driver.discovery.hosts import HostSpec, parse_host_list, read_hostfile
 from elastic.driver.errors import LaunchError, UsageError
@@ -41,6 +41,9 @@ examples:
   elasticrun -np 8 --hostfile hosts.txt --output-filename logs/ python train.py
   elasticrun -np 2 --min-np 1 --max-np 8 --host-discovery-script ./hosts.sh python train.py
   elasticrun --backend etcd --etcd-endpoints 10.0.0.5:2379 --job-id run7 -np 4 python train.py
+  elasticrun status                  (the job this user runs here; --job-id ID for one of several)
+  elasticrun drain host2             (its workers leave at their next step; undrain gives it back)
+  elasticrun stop
   elasticrun status --job-id run7 --etcd-endpoints 10.0.0.5:2379
   ELASTICRUN_MIN_NP=2 elasticrun --config-file job.yaml python train.py
 
@@ -444,8 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="elasticrun: %(message)s", level=logging.WARNING)
     log.setLevel(logging.INFO)  # epochs, launches and leaves; --verbose adds the details
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["status"]:
-        return status_main(argv[1:])
+    if argv[:1] and argv[0] in COMMANDS:
+        return job_command_main(argv[0], argv[1:])
     try:
         settings = parse_settings(argv)
         if settings.verbose:

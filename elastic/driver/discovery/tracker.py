@@ -9,8 +9,9 @@ Rules:
 * A failed discovery keeps the last good host list. Its error is returned for logging only
   when its message differs from the previous failure's, so a script that keeps failing the
   same way logs one line, not one per poll; the first success after failures says so once.
-* A host is usable when the last good list has it, it is not in cooldown, and it carries no
-  preemption notice whose time is still ahead (`HostSpec.leaving_at`; `leaving` says which).
+* A host is usable when the last good list has it, it is not in cooldown, it carries no
+  preemption notice whose time is still ahead (`HostSpec.leaving_at`; `leaving` says which)
+  and it is not drained (`drain`, until undrained).
 * Order: usable hosts are ordered by when they last became usable, earliest first; hosts that
   became usable at the same call keep the order the source gave. A host keeps its place while
   it stays usable, whatever order later results give, so ranks of long-lived hosts stay low.
@@ -62,6 +63,7 @@ class HostTracker:
         self._counter = 0
         self._version = 0
         self._notices: dict[str, float] = {}  # host -> when it goes, from workers' checks
+        self.drained: set[str] = set()  # hosts an operator took out, until undrained
 
     @property
     def hosts(self) -> tuple[HostSpec, ...]:
@@ -135,6 +137,32 @@ class HostTracker:
         self._notices[hostname] = max(at, self._notices.get(hostname, 0.0))
         return TrackerUpdate(change=self._recompute(now))
 
+    def drain(self, hostname: str, drained: bool, now: float) -> TrackerUpdate:
+        """Take `hostname` out of the usable hosts (`drained`) until it is undrained."""
+        if drained:
+            self.drained.add(hostname)
+        else:
+            self.drained.discard(hostname)
+        return TrackerUpdate(change=self._recompute(now))
+
+    def states(self, now: float) -> list[tuple[HostSpec, str, float | None]]:
+        """Every discovered host with its state (drained, cooldown, leaving or active) and,
+        for cooldown and leaving, until when (this tracker's clock; None: no time known)."""
+        leaving = self.leaving(now)
+        found: list[tuple[HostSpec, str, float | None]] = []
+        for spec in self._discovered:
+            name = spec.hostname
+            if name in self.drained:
+                found.append((spec, "drained", None))
+            elif self.cooldown.in_cooldown(name, now):
+                found.append((spec, "cooldown", self.cooldown.until(name)))
+            elif name in leaving:
+                at = leaving[name]
+                found.append((spec, "leaving", at if math.isfinite(at) else None))
+            else:
+                found.append((spec, "active", None))
+        return found
+
     def next_expiry(self, now: float) -> float | None:
         """The earliest time after `now` at which a discovered host leaves cooldown, or its
         notice's time passes (call `refresh` then); None if there is no such time."""
@@ -151,7 +179,9 @@ class HostTracker:
         candidates = [
             spec
             for spec in self._discovered
-            if not self.cooldown.in_cooldown(spec.hostname, now) and spec.hostname not in leaving
+            if not self.cooldown.in_cooldown(spec.hostname, now)
+            and spec.hostname not in leaving
+            and spec.hostname not in self.drained
         ]
         names = {spec.hostname for spec in candidates}
         self._since = {name: when for name, when in self._since.items() if name in names}

@@ -125,6 +125,10 @@ class HostWatcher:
             _say_notice(hostname, at, now, "its preemption check")
         self._report(self.tracker.noticed(hostname, at, now))
 
+    def drain(self, hostname: str, drained: bool) -> None:
+        """An operator drained (or undrained) `hostname`."""
+        self._report(self.tracker.drain(hostname, drained, self._clock()))
+
     def host_failed(self, hostname: str, reason: str) -> None:
         update = self.tracker.host_failed(hostname, self._clock())
         until = self.tracker.cooldown.until(hostname)

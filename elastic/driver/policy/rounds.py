@@ -477,19 +477,24 @@ def hosts_removed(
     removed: Sequence[str],
     discovered: Set[str],
     noticed: Mapping[str, float] | None = None,
+    drained: Set[str] = frozenset(),
 ) -> Decision:
     """Workers on a host that discovery no longer offers leave the job (no rollback, no
     cooldown); a host merely in cooldown (still `discovered`) keeps its live workers. A host
-    in `noticed` (hostname -> when it goes, on the driver's clock) is offered but about to go:
-    the reason says so."""
+    in `noticed` (hostname -> when it goes, on the driver's clock) is offered but about to go,
+    one in `drained` was taken out by an operator: the reason says so."""
     noticed = noticed or {}
 
     def why(hostname: str) -> str:
+        if hostname in drained:
+            return f"host {hostname} is drained (elasticrun drain)"
         if hostname in noticed:
             return f"host {hostname} is about to be preempted (notice)"
         return f"host {hostname} was removed by discovery"
 
     def cause(hostname: str) -> Cause:
+        if hostname in drained:
+            return Cause.DRAIN
         return Cause.PREEMPTION if hostname in noticed else Cause.DISCOVERY
 
     actions = tuple(
@@ -502,6 +507,8 @@ def hosts_removed(
     if not actions:
         return NOTHING
     gone = [h for h in removed if h not in discovered]
+    if all(h in drained for h in gone):
+        return Decision(actions, f"host(s) {', '.join(gone)} drained")
     if all(h in noticed for h in gone):
         return Decision(actions, f"host(s) {', '.join(gone)} about to be preempted (notice)")
     return Decision(actions, f"host(s) {', '.join(gone)} removed by discovery")

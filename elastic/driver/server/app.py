@@ -15,7 +15,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from elastic.driver.server import kv, metrics, rendezvous, status
+from elastic.driver.server import hosts, kv, metrics, rendezvous, status, stop
 from elastic.driver.server.auth import TokenGate, require_token
 from elastic.driver.server.connections import ConnectionGuard, ConnectionLimits
 from elastic.driver.server.limits import MAX_BODY_BYTES, BodyLimit
@@ -59,7 +59,7 @@ def create_app(services: Services, max_body_bytes: int = MAX_BODY_BYTES) -> Fast
     )
     app.state.services = services
     app.state.refused_peers = set()
-    for module in (rendezvous, kv, status):
+    for module in (rendezvous, kv, status, hosts, stop):
         app.include_router(module.router, dependencies=[Depends(require_token)])
     app.include_router(metrics.router)
     # The last middleware added runs first: the token is checked before the body is counted.

@@ -26,9 +26,10 @@ class Services:
     when the earlier driver died, and the keys it held are gone."""
     metrics: Callable[[], bytes] | None = None
     """The Prometheus exposition of the job's metrics, served without the token."""
-    set_drained: Callable[[str, bool], bool] | None = None
-    """Drain (True) or undrain (False) a host by name; False when the job knows no such
-    host. A drained host's workers leave at their next step boundary, and it gets no new
-    workers until it is undrained. None: this driver cannot (a test's app)."""
+    set_drained: Callable[[str, bool], str] | None = None
+    """Drain (True) or undrain (False) a host by name; returns the line to answer with.
+    Raises `LookupError` when the job knows no such host, `ValueError` when it cannot drain
+    (a static job). A drained host's workers leave at their next step boundary, and it gets
+    no new workers until it is undrained. None: this driver cannot (a test's app)."""
     stop_job: Callable[[], None] | None = None
     """End the job cleanly: stop every worker, exit. None: this driver cannot."""

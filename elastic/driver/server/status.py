@@ -7,12 +7,12 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.server.auth import ServicesDep
 from elastic.driver.workers import Worker
 from elastic.protocol.http import (
     DecisionRecord,
+    DriverUrls,
     DurableStatus,
     HostStatus,
     JobStatus,
@@ -33,13 +33,14 @@ def describe_job(
     job_id: str,
     rendezvous: Rendezvous,
     workers: Iterable[Worker],
-    hosts: Iterable[HostSpec],
+    hosts: Iterable[HostStatus],
     decisions: Iterable[DecisionRecord],
     checkpoint_dir: str = "",
     *,
     now: float = 0.0,
     rounds: Iterable[RoundRecord] = (),
     stall: StallReport | None = None,
+    urls: DriverUrls | None = None,
 ) -> JobStatus:
     """The status of job `job_id`: its round, its usable `hosts`, every worker launched (rank
     and local rank in the current round, if a member; its progress, with ages as of `now` on
@@ -72,12 +73,13 @@ def describe_job(
         job_id=job_id,
         epoch=rendezvous.epoch,
         size=len(rendezvous.members),
-        hosts=[HostStatus(hostname=h.hostname, slots=h.slots) for h in hosts],
+        hosts=list(hosts),
         workers=statuses,
         decisions=list(decisions),
         durable=durable,
         rounds=list(rounds),
         stall=stall,
+        urls=urls,
     )
 
 

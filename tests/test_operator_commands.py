@@ -1,0 +1,206 @@
+"""`elasticrun status`, `drain`, `undrain` and `stop` against real jobs, and the pure parts
+under them: finding the job file, and the status text."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from elastic.driver.cli.status_text import render
+from elastic.driver.errors import LaunchError
+from elastic.driver.job_file import SeveralJobs, find_job, read_job_files, write_job_file
+from elastic.protocol.http import (
+    CollectiveStatus,
+    HostStatus,
+    JobStatus,
+    RoundRecord,
+    StalledRank,
+    StallReport,
+    WorkerStatus,
+)
+from tests.conftest import ELASTICRUN, RunningJob
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = ROOT / "tests" / "workers" / "elastic_job.py"
+HOSTS_FILE_SCRIPT = ROOT / "discovery_scripts" / "hosts_file.sh"
+STEP = re.compile(r"\[(\d+)\]<stdout>:step (\d+) epoch \d+ size (\d+) rank \d+")
+
+
+def command(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*ELASTICRUN, *args], env={**os.environ, **env}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+
+
+# --- the job file ---------------------------------------------------------------------------
+
+
+def test_the_job_file_is_private_and_found_by_id_or_alone(tmp_path: Path) -> None:
+    folder = tmp_path / "run" / "elasticrun"
+    (tmp_path / "run").mkdir()
+    path = write_job_file("j1", "s3cret", "http://127.0.0.1:1234", folder=folder)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    found = find_job(None, folder)
+    assert (found.job_id, found.token, found.urls.metrics) == (
+        "j1", "s3cret", "http://127.0.0.1:1234/metrics",
+    )  # fmt: skip
+    write_job_file("j2", "other", "http://127.0.0.1:1235", folder=folder)
+    with pytest.raises(SeveralJobs, match=r"2 jobs run \(j1, j2\): name one with --job-id"):
+        find_job(None, folder)
+    assert find_job("j2", folder).token == "other"
+    with pytest.raises(LaunchError, match="no running job j3"):
+        find_job("j3", folder)
+
+
+def test_a_job_file_whose_driver_is_gone_is_removed_and_said(tmp_path: Path) -> None:
+    folder = tmp_path / "elasticrun"
+    path = write_job_file("old", "t", "http://127.0.0.1:1", folder=folder)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "pid": dead.pid}))
+    running, problems = read_job_files(folder)
+    assert running == []
+    assert problems == [f"job old's driver (pid {dead.pid}) is gone; removed {path}"]
+    assert not path.exists()
+
+
+def test_a_runtime_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elasticrun").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(LaunchError, match="symbolic link"):
+        write_job_file("j", "t", "http://127.0.0.1:1", folder=tmp_path / "elasticrun")
+
+
+# --- the status text ------------------------------------------------------------------------
+
+
+def test_the_status_text_shows_workers_the_stall_and_recoveries() -> None:
+    status = JobStatus(
+        job_id="j", epoch=2, size=2,
+        hosts=[HostStatus(hostname="a", slots=2),
+               HostStatus(hostname="b", slots=1, state="cooldown", until=130.0)],
+        workers=[
+            WorkerStatus(worker_id="a[0]#1", rank=0, hostname="a", local_rank=0, state="member",
+                         step_rate=4.25, commit_age=1.5, heartbeat_age=0.25,
+                         collective=CollectiveStatus(seq=7, kind="allreduce", blocked_for=65)),
+            WorkerStatus(worker_id="b[0]#2", rank=None, hostname="b", local_rank=None,
+                         state="failed", exit_code=-9),
+        ],
+        rounds=[RoundRecord(number=2, formed_at=0, size=2, cause="failure", reason="r died",
+                            noticed_to_formed=0.07, formed_to_first_step=0.08)],
+        stall=StallReport(round=2, collective=CollectiveStatus(seq=7, kind="allreduce"),
+                          waiting=[0], missing=[StalledRank(rank=1, hostname="a", doing="x")],
+                          seconds=65, line="stall in round 2: ..."),
+    )  # fmt: skip
+    text = render(status, now=100.0)
+    assert "job j: round 2, 2 worker(s) in it" in text
+    assert "hosts: a (2 slots, active), b (1 slot, cooldown for 30 s)" in text
+    assert re.search(r"0 +a +member +4\.25 +1\.5 s +0\.2 s +allreduce #7, waiting 65\.0 s", text)
+    assert re.search(r"- +b +failed \(exit -9\)", text)
+    assert "STALL: stall in round 2: ..." in text
+    assert "failure (failure to round 0.07 s, round to first step 0.08 s): r died" in text
+
+
+# --- real jobs ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> dict[str, str]:
+    """A runtime folder of the test's own, for the job's file and the commands."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    return {"XDG_RUNTIME_DIR": str(folder)}
+
+
+def test_status_of_a_memory_job_from_another_process(
+    elasticrun: Callable[..., RunningJob], tmp_path: Path, runtime: dict[str, str]
+) -> None:
+    job = elasticrun(
+        ["-np", "2", "--min-np", "2", "--heartbeat-interval", "0.5", sys.executable, str(JOB),
+         "--out", str(tmp_path), "--epochs", "100", "--step-delay", "0.05"],
+        env=runtime,
+    )  # fmt: skip
+    job.wait_for(r"step 3 epoch", 90)
+    files = list((tmp_path / "run" / "elasticrun").glob("*.json"))
+    assert len(files) == 1 and stat.S_IMODE(files[0].stat().st_mode) == 0o600
+    token = json.loads(files[0].read_text())["token"]
+    text = command(["status"], runtime)
+    assert text.returncode == 0, text.stderr
+    assert re.search(r"^job \w+: round 1, 2 worker\(s\) in it$", text.stdout, re.M)
+    assert re.search(r"^  0 +localhost +member ", text.stdout, re.M), text.stdout
+    assert re.search(r"^  1 +localhost +member ", text.stdout, re.M), text.stdout
+    as_json = command(["status", "--json"], runtime)
+    status = JobStatus.model_validate_json(as_json.stdout)
+    assert status.urls is not None and status.urls.metrics.endswith("/metrics")
+    assert sorted(w.rank for w in status.workers) == [0, 1]
+    assert token not in text.stdout + as_json.stdout
+    job.stop()
+    assert token not in job.output
+
+
+def test_drain_lets_a_host_go_at_a_step_undrain_brings_it_back_stop_ends_the_job(
+    elasticrun: Callable[..., RunningJob], tmp_path: Path, runtime: dict[str, str]
+) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    job = elasticrun(
+        ["-np", "2", "--min-np", "1", "--host-discovery-script", str(HOSTS_FILE_SCRIPT),
+         "--heartbeat-interval", "0.5", sys.executable, str(JOB), "--out", str(tmp_path),
+         "--epochs", "100", "--step-delay", "0.05", "--commit-every", "1000"],
+        env={**runtime, "ELASTIC_HOSTS_FILE": str(hosts)},
+    )  # fmt: skip
+    job.wait_for(r"step 5 epoch", 90)
+    unknown = command(["drain", "nosuchhost"], runtime)
+    assert unknown.returncode == 1
+    assert unknown.stderr.strip().splitlines() == [
+        "elasticrun drain: error: job "
+        + unknown.stderr.split("job ")[1].split()[0]
+        + " has no host 'nosuchhost' (it has: localhost, 127.0.0.1)"
+    ]
+    drained = command(["drain", "127.0.0.1"], runtime)
+    assert drained.returncode == 0, drained.stderr
+    assert "host 127.0.0.1 is drained: its workers leave at their next step" in drained.stdout
+    job.wait_for(r"round 2: 1 worker\(s\) on localhost:1", 60)
+    job.wait_for(r"step \d+ epoch \d+ size 1 rank 0", 60)
+    drained_at = len(job.lines)
+    status = JobStatus.model_validate_json(command(["status", "--json"], runtime).stdout)
+    assert {h.hostname: h.state for h in status.hosts} == {
+        "localhost": "active", "127.0.0.1": "drained",
+    }  # fmt: skip
+    assert status.rounds[-1].cause == "drain"
+    # Commits only every 1,000 steps: a rollback would show as a step number going back.
+    steps = [(int(m[2]), int(m[3])) for line in job.lines if (m := STEP.search(line))]
+    before = max(step for step, size in steps if size == 2)
+    after = min(step for step, size in steps if size == 1)
+    assert after == before + 1, steps
+    time.sleep(2)  # a drained host gets no new worker, however long it is offered
+    assert not any("launched" in line and "127.0.0.1" in line for line in job.lines[drained_at:])
+    back = command(["undrain", "127.0.0.1"], runtime)
+    assert back.returncode == 0 and "undrained" in back.stdout
+    job.wait_for(r"round 3: 2 worker\(s\) on localhost:1, 127.0.0.1:1", 90)
+    stopped = command(["stop"], runtime)
+    assert stopped.returncode == 0, stopped.stderr
+    assert job.finish(60) == 0
+    job.wait_for(r"stopped by `elasticrun stop`", 1)
+    assert command(["status"], runtime).returncode == 1  # gone with its job file
+
+
+def test_commands_without_a_job_say_so_in_one_line(runtime: dict[str, str]) -> None:
+    for args in (["status"], ["stop"], ["drain", "a"]):
+        done = command(args, runtime)
+        assert done.returncode == 1
+        assert len(done.stderr.strip().splitlines()) == 1
+        assert "no running job in" in done.stderr
+    assert command(["drain"], runtime).returncode == 2  # HOST missing: a usage error
