@@ -62,7 +62,15 @@ def prompt_services() -> Services:
     status = JobStatus(
         job_id="j1", epoch=1, size=1, hosts=[HostStatus(hostname="h", slots=1)], workers=[]
     )
-    return Services(TOKEN, PromptStore(), rendezvous, lambda: status)
+    def set_drained(hostname: str, drained: bool) -> str:
+        if hostname != "h":
+            raise LookupError(f"no host {hostname!r}")
+        return "drained" if drained else "undrained"
+
+    return Services(
+        TOKEN, PromptStore(), rendezvous, lambda: status, set_drained=set_drained,
+        stop_job=lambda: None,
+    )  # fmt: skip
 
 
 schema = schemathesis.openapi.from_dict(create_app(prompt_services()).openapi())
