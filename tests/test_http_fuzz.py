@@ -62,6 +62,7 @@ def prompt_services() -> Services:
     status = JobStatus(
         job_id="j1", epoch=1, size=1, hosts=[HostStatus(hostname="h", slots=1)], workers=[]
     )
+
     def set_drained(hostname: str, drained: bool) -> str:
         if hostname != "h":
             raise LookupError(f"no host {hostname!r}")
