@@ -38,6 +38,13 @@ memory every 5 steps, torchrun's rank 0 checkpoints to a file every 5 steps and 
   (elasticrun: at size 2; torchrun restarts the whole group, at size 3 again);
 * `steps_lost`: last step printed before the SIGKILL minus the step the job resumes from.
 
+`elasticrun_observed` is elasticrun watched as an operator would while it runs: from its
+launch on, a thread of the benchmark scrapes `/metrics` once a second and fetches the job's
+status once a second with the token (`/v1/status`: the same `JobStatus` the dashboard page
+polls every second while it is open), finding the driver through its job file. Side by side
+with plain `elasticrun` in the same trials, it shows whether watching a job slows its
+recovery; each trial records the requests made, their failures and the slowest answer.
+
 Every wait has a timeout: a trial that hangs is recorded as failed with its reason. The
 milestones of each phase (driver log lines, timestamped on arrival, and the workers' own
 timestamped events) are reported relative to the trigger, to show where the time goes. Each
@@ -77,7 +84,8 @@ ELASTIC_WORKLOAD = ROOT / "bench" / "workloads" / "tiny_elastic.py"
 TORCHRUN_WORKLOAD = ROOT / "bench" / "workloads" / "tiny_torchrun.py"
 HOSTS_FILE_SCRIPT = ROOT / "discovery_scripts" / "hosts_file.sh"
 
-SYSTEMS = ["elasticrun", "torchrun_tuned", "torchrun_default"]
+SYSTEMS = ["elasticrun", "elasticrun_observed", "torchrun_tuned", "torchrun_default"]
+WATCH_EVERY = 1.0  # seconds between two scrapes, and between two status fetches
 TUNED_RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,join_timeout=60"
 TUNED_MONITOR_INTERVAL = "0.1"
 COMMIT_EVERY = 5
@@ -361,6 +369,7 @@ class System:
     kind: str
     env: dict[str, str]
     torchrun_extra: list[str] = field(default_factory=list)
+    observed: bool = False  # an operator scrapes its metrics and polls its status meanwhile
 
     def elasticrun_cmd(self, folder: Path) -> list[str]:
         exe = shutil.which("elasticrun")
@@ -397,6 +406,7 @@ def make_systems() -> dict[str, System]:
     torch_env = dict(base, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", LOGLEVEL="INFO")
     return {
         "elasticrun": System("elasticrun", "elasticrun", base),
+        "elasticrun_observed": System("elasticrun_observed", "elasticrun", base, observed=True),
         "torchrun_tuned": System(
             "torchrun_tuned",
             "torchrun",
@@ -405,6 +415,47 @@ def make_systems() -> dict[str, System]:
         ),
         "torchrun_default": System("torchrun_default", "torchrun", torch_env),
     }
+
+
+class Watcher:
+    """An operator watching a job: from its job file in `runtime`, every `WATCH_EVERY` s one
+    scrape of `/metrics` and one fetch of `/v1/status` with the token, until `stop()`."""
+
+    def __init__(self, runtime: Path) -> None:
+        self._runtime = runtime
+        self._stopped = threading.Event()
+        self.requests = 0
+        self.failures = 0
+        self.slowest = 0.0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import httpx
+
+        from elastic.driver.job_file import find_job
+
+        while not self._stopped.wait(WATCH_EVERY):
+            try:
+                job = find_job(None, self._runtime / "elasticrun")
+            except Exception:  # noqa: BLE001 - not written yet, or the job has ended
+                continue
+            auth = {"Authorization": f"Bearer {job.token}"}
+            for url, headers in ((job.urls.metrics, {}), (f"{job.urls.api}/v1/status", auth)):
+                start = time.perf_counter()
+                try:
+                    ok = httpx.get(url, headers=headers, timeout=10).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                self.requests += 1
+                self.failures += not ok
+                self.slowest = max(self.slowest, time.perf_counter() - start)
+
+    def stop(self) -> dict[str, Any]:
+        self._stopped.set()
+        self._thread.join(15)
+        return {"requests": self.requests, "failures": self.failures,
+                "slowest_answer_s": round(self.slowest, 4)}  # fmt: skip
 
 
 def first_step(steps: list[Step], accept: Callable[[Step], bool]) -> Step | None:
@@ -499,6 +550,10 @@ def run_trial(system: System, folder: Path, rng: random.Random, add_line: str) -
     launchers: list[Launcher] = []
     record: dict[str, Any] = {"system": system.name, "ok": False}
     env = dict(system.env, TMPDIR=str(folder))  # torchrun's temporary folders go in there
+    watcher: Watcher | None = None
+    if system.observed:
+        env["XDG_RUNTIME_DIR"] = str(folder)  # the job file goes in there
+        watcher = Watcher(folder)
     t_launch = time.time()
     phase = "launch"
     try:
@@ -595,6 +650,8 @@ def run_trial(system: System, folder: Path, rng: random.Random, add_line: str) -
         detail = str(err) if isinstance(err, TrialFailed) else f"{type(err).__name__}: {err}"
         record["error"] = f"{phase}: {detail}"
     finally:
+        if watcher is not None:
+            record["watched"] = watcher.stop()
         record["stop"] = stop_all(launchers, str(folder))
         (folder.parent / f"{folder.name}.log").write_text(out.transcript(t_launch) + "\n")
     for key in METRICS:
@@ -641,6 +698,21 @@ def summarize_system(records: list[dict[str, Any]]) -> dict[str, Any]:
             if key in r
         ],
         "leftovers": sum(len(r["stop"]["leftover_processes_sigkilled"]) for r in records),
+        **_watched(records),
+    }
+
+
+def _watched(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The watching's totals over the trials of an observed system (nothing for others)."""
+    watched = [r["watched"] for r in records if "watched" in r]
+    if not watched:
+        return {}
+    return {
+        "watched": {
+            "requests": sum(w["requests"] for w in watched),
+            "failures": sum(w["failures"] for w in watched),
+            "slowest_answer_s": max(w["slowest_answer_s"] for w in watched),
+        }
     }
 
 
