@@ -28,7 +28,7 @@ from elastic.driver.policy.rounds import Phase
 from elastic.driver.rendezvous import keeper
 from elastic.driver.rendezvous.batcher import ROUND_AFTER_DEATH
 from elastic.driver.rendezvous.rounds import Rendezvous
-from elastic.driver.reports import LeaveAsked, Reports, Waiting, WorkerExited
+from elastic.driver.reports import DrainAsked, LeaveAsked, Reports, Waiting, WorkerExited
 from elastic.driver.settings import ElasticSettings, Settings
 from elastic.driver.workers import Worker, WorkerState
 from elastic.protocol.leave import FINISHED
@@ -67,7 +67,7 @@ class Harness:
         self.fleet = Fleet(
             hosts, reports, self.rendezvous.slot_of, str(tmp_path), None, 1.0, job_id="conductor"
         )
-        watcher = HostWatcher(
+        self.watcher = watcher = HostWatcher(
             FixedHosts(HOSTS),
             HostTracker(Cooldown(600.0, 600.0, random.Random(0))),
             hosts,
@@ -265,3 +265,21 @@ def test_the_last_member_s_exit_ends_the_job(tmp_path, code: int) -> None:
 
     job = asyncio.run(scenario())
     assert [c for c, _ in job.ended] == [code]
+
+
+def test_draining_a_host_in_cooldown_makes_its_surviving_workers_leave(tmp_path) -> None:
+    """A host in cooldown keeps its live workers, and draining it changes no usable host:
+    the drain itself asks them to leave."""
+
+    async def scenario() -> Harness:
+        job = Harness(2, elastic=True, tmp_path=tmp_path)
+        job.watcher.tracker.discovered(HOSTS, now=0.0)
+        job.watcher.host_failed("localhost", "a worker failed")
+        job.conductor.hear(DrainAsked("localhost", True))
+        return job
+
+    job = asyncio.run(scenario())
+    assert job.watcher.tracker.drained == {"localhost"}
+    assert [w.state for w in job.workers] == [WorkerState.LEAVING] * 2
+    reasons = [d.reason for d in job.conductor.decisions]
+    assert reasons.count("host(s) localhost drained") == 1

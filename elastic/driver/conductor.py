@@ -193,7 +193,14 @@ class Conductor:
             )
         else:
             log.info("host %s is undrained: its free slots are filled again", hostname)
+        cooling = self._watcher.tracker.cooldown.in_cooldown(hostname, self._clock())
         self._watcher.drain(hostname, drained)
+        self._save_soon()  # a restarted driver keeps the host drained
+        if drained and cooling:
+            # No usable host changes (it was not usable), so no `HostsChanged` comes; but a
+            # host in cooldown keeps its surviving workers, which must leave now.
+            only = frozenset({hostname})
+            self.apply(policy.hosts_removed(self.view(), [hostname], set(), {}, only))
 
     def _on_durable(self, report: DurableStale) -> None:
         """Say, once per change, that the durable copy lags or is written again."""
