@@ -126,6 +126,16 @@ def test_discovered_hosts_and_cooldowns_survive_a_new_monotonic_clock() -> None:
     assert change is not None and change.added == ("b",)
 
 
+def test_a_drained_host_stays_drained_for_the_next_driver() -> None:
+    hosts = tracker()
+    hosts.discovered([HostSpec("a", 2), HostSpec("b", 1)], now=40.0)
+    hosts.drain("b", True, now=41.0)
+    back = saved_and_read(fleet(), hosts)
+    again = tracker()
+    restore_hosts(again, back.state, wall_offset=1052.0, now=5.0)
+    assert again.drained == {"b"} and again.hosts == (HostSpec("a", 2),)
+
+
 def test_every_member_of_the_saved_round_keeps_its_record() -> None:
     """d#0, launched first, died; the job is short of --min-np, so no round re-formed, while
     more than ENDED_KEPT replacement workers failed to start after it."""

@@ -63,6 +63,7 @@ class JobState(BaseModel):
     workers: list[WorkerRecord] = Field(default_factory=list)
     discovered: list[str] = Field(default_factory=list)  # last good discovery, "host:slots"
     cooldowns: list[CooldownRecord] = Field(default_factory=list)
+    drained: list[str] = Field(default_factory=list)  # hosts an operator drained
     serial: int = 0  # worker ids issued so far
     resets: int = 0
     update_version: int = 0

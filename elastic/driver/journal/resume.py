@@ -139,6 +139,7 @@ def snapshot(
             CooldownRecord(hostname=host, failures=failures, until=until + wall_offset)
             for host, (failures, until) in tracker.cooldown.records().items()
         ],
+        drained=sorted(tracker.drained),
         serial=serial,
         resets=tally.resets,
         update_version=tally.update_version,
@@ -180,8 +181,11 @@ def resumed(documents: dict[str, bytes], backend: BackendSettings) -> Resumed:
 
 
 def restore_hosts(tracker: HostTracker, state: JobState, wall_offset: float, now: float) -> None:
-    """Put discovery's last answer and the cooldowns of `state` back into `tracker`."""
+    """Put discovery's last answer, the cooldowns and the drained hosts of `state` back into
+    `tracker`."""
     for saved in state.cooldowns:
         tracker.cooldown.restore(saved.hostname, saved.failures, saved.until - wall_offset)
+    for hostname in state.drained:
+        tracker.drain(hostname, True, now)
     if state.discovered:
         tracker.discovered(parse_host_list(",".join(state.discovered)), now)
