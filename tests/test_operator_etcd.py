@@ -1,0 +1,73 @@
+"""The operator commands on a job run with `--backend etcd`, found through etcd (`--job-id`,
+`--etcd-endpoints`) rather than a job file: the live status from the driver etcd names, a
+stop that ends every worker, and what is left to say once the job has ended."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from elastic.protocol.http import JobStatus
+from tests.conftest import ELASTICRUN, pids_alive
+from tests.etcd_server import EtcdServer
+
+JOB = Path(__file__).parent / "workers" / "elastic_job.py"
+
+
+def command(args: list[str], runtime: Path) -> subprocess.CompletedProcess[str]:
+    """`elasticrun ARGS` beside the job, with a runtime folder holding no job file."""
+    return subprocess.run(
+        [*ELASTICRUN, *args],
+        env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+@pytest.mark.timeout(120)
+def test_an_etcd_job_is_shown_live_and_stopped_through_etcd(
+    elasticrun, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    job_runtime, operator_runtime = tmp_path / "job-run", tmp_path / "operator-run"
+    job_runtime.mkdir()
+    operator_runtime.mkdir()  # no job file here: the commands must go through etcd
+    job = elasticrun(
+        ["--backend", "etcd", "--etcd-endpoints", etcd.endpoint, "--job-id", "ops1",
+         "-np", "2", "--min-np", "1", "--stop-grace", "2",
+         sys.executable, str(JOB), "--out", str(tmp_path), "--epochs", "200",
+         "--step-delay", "0.05"],
+        env={"XDG_RUNTIME_DIR": str(job_runtime), "TMPDIR": str(tmp_path)},  # its own logs
+    )  # fmt: skip
+    url = job.wait_for(r"driver=(\S+)").group(1)
+    pids = [int(job.wait_for(rf"joined rank={r} size=2 pid=(\d+)").group(1)) for r in (0, 1)]
+    job.wait_for(r"step 3 epoch")
+    through_etcd = ["--job-id", "ops1", "--etcd-endpoints", etcd.endpoint]
+
+    shown = command(["status", "--json", *through_etcd], operator_runtime)
+    assert shown.returncode == 0, shown.stderr
+    status = JobStatus.model_validate_json(shown.stdout)  # the driver's answer, not etcd's
+    assert status.urls is not None and status.urls.api == url
+    assert sorted(w.pid for w in status.workers) == sorted(pids)
+    unknown = command(["drain", "no-such-host", *through_etcd], operator_runtime)
+    assert unknown.returncode == 1 and len(unknown.stderr.splitlines()) == 1, unknown.stderr
+    assert "has no host 'no-such-host'" in unknown.stderr
+
+    stopped = command(["stop", *through_etcd], operator_runtime)
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.startswith("job ops1: ")
+    assert job.finish(60) == 0, job.transcript()
+    assert pids_alive(pids) == [], "every worker is gone"
+    ended = command(["status", *through_etcd], operator_runtime)
+    assert ended.returncode == 0, ended.stderr
+    assert "ended with exit code 0: stopped by `elasticrun stop`" in ended.stdout, ended.stdout
+    again = command(["stop", *through_etcd], operator_runtime)
+    assert (again.returncode, again.stdout) == (1, "")
+    assert again.stderr == "elasticrun stop: error: job ops1 has no running driver in etcd\n"
+    saved = command(["status", "--json", *through_etcd], operator_runtime)
+    assert "token" not in saved.stdout and "secret" not in json.loads(saved.stdout)
