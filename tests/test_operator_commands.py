@@ -9,7 +9,6 @@ import re
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -185,7 +184,9 @@ def test_drain_lets_a_host_go_at_a_step_undrain_brings_it_back_stop_ends_the_job
     before = max(step for step, size in steps if size == 2)
     after = min(step for step, size in steps if size == 1)
     assert after == before + 1, steps
-    time.sleep(2)  # a drained host gets no new worker, however long it is offered
+    # A drained host gets no new worker, however long it is offered (discovery polls it
+    # every second): 30 more steps at size 1 (over 1.5 s) and no launch there.
+    job.wait_for(rf"step {after + 30} epoch \d+ size 1 rank 0", 60)
     assert not any("launched" in line and "127.0.0.1" in line for line in job.lines[drained_at:])
     back = command(["undrain", "127.0.0.1"], runtime)
     assert back.returncode == 0 and "undrained" in back.stdout
