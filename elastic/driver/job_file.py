@@ -15,7 +15,7 @@ import socket
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from elastic.driver.errors import LaunchError
 from elastic.driver.launch.private_files import open_private, private_dir
@@ -33,7 +33,7 @@ class JobFile(BaseModel):
     pid: int
     host: str
     started: float  # Unix seconds
-    token: str
+    token: str = Field(repr=False)  # never in a traceback or a log line
     urls: DriverUrls
     tls_cert: str | None = None  # the driver's certificate (public PEM), with --tls
 
