@@ -128,6 +128,16 @@ class CountResponse(Strict):
     count: int
 
 
+# --- the page's logins ----------------------------------------------------------------------
+
+
+class LoginCode(Strict):
+    """A one-time login link to the driver's page (`POST /v1/login-codes`)."""
+
+    url: str = Field(description="<api>/ui/login?code=...: opens the page, once")
+    expires_in: float = Field(description="seconds the link stays usable")
+
+
 # --- status ---------------------------------------------------------------------------------
 
 

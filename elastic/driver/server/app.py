@@ -15,11 +15,22 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from elastic.driver.server import hosts, kv, metrics, rendezvous, status, stop
+from elastic.driver.server import (
+    hosts,
+    kv,
+    login_codes,
+    metrics,
+    page,
+    page_api,
+    rendezvous,
+    status,
+    stop,
+)
 from elastic.driver.server.auth import TokenGate, require_token
 from elastic.driver.server.connections import ConnectionGuard, ConnectionLimits
 from elastic.driver.server.limits import MAX_BODY_BYTES, BodyLimit
 from elastic.driver.server.services import Services
+from elastic.driver.server.sessions import PageSessions
 from elastic.driver.server.tls import TlsIdentity
 from elastic.protocol.http import ErrorResponse
 
@@ -42,11 +53,17 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     return [{k: e[k] for k in ("loc", "msg", "type") if k in e} for e in exc.errors()]
 
 
-def create_app(services: Services, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """The HTTP API; every route but `/metrics` (read-only, no secret) requires the job token.
+def create_app(
+    services: Services,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    sessions: PageSessions | None = None,
+) -> FastAPI:
+    """The HTTP API (`/v1`: the job token), the page (`/ui`: a page session from `sessions`, or
+    the token) and `/metrics` (read-only, no secret: open).
 
-    A request without the token is refused (401) from its headers, before its body is read; a
-    body over `max_body_bytes` is refused (413) before it is parsed (see `TokenGate`, `BodyLimit`).
+    A request refused for its login is refused (401) from its headers, before its body is
+    read; a body over `max_body_bytes` is refused (413) before it is parsed (see `TokenGate`,
+    `BodyLimit`).
     """
     app = FastAPI(
         title="elasticrun driver",
@@ -58,11 +75,14 @@ def create_app(services: Services, max_body_bytes: int = MAX_BODY_BYTES) -> Fast
         },
     )
     app.state.services = services
+    app.state.sessions = sessions or PageSessions()
     app.state.refused_peers = set()
-    for module in (rendezvous, kv, status, hosts, stop):
+    for module in (rendezvous, kv, status, hosts, stop, login_codes):  # the API: the token
         app.include_router(module.router, dependencies=[Depends(require_token)])
-    app.include_router(metrics.router)
-    # The last middleware added runs first: the token is checked before the body is counted.
+    app.include_router(page.router)  # its own login: see page.py
+    app.include_router(page_api.router)  # a page session or the token: see page_api.py
+    app.include_router(metrics.router)  # open: the gate's open_paths
+    # The last middleware added runs first: the login is checked before the body is counted.
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(TokenGate, open_paths=frozenset({metrics.PATH}))
 

@@ -1,9 +1,18 @@
-"""The one authentication check: a route dependency, and the same check at the ASGI door.
+"""Who may ask what: the job token for the API, a page session (or the token) for the page.
 
-`TokenGate` refuses a request without the job token from its headers alone, before its body
-is read, so each request of a flood of unauthenticated ones costs the driver a header lookup
-and a ~100-byte answer, however large its body, and none of them waits in line for anything.
-`require_token` stays on every route, so a route is guarded even where the gate is absent.
+Three doors, one place (`TokenGate`, at the ASGI door, from the headers alone):
+* `/metrics` (the lead's Prometheus route, `open_paths`): anyone; it holds nothing secret;
+* the page, `/ui...`: its JSON routes (`/ui/api/...`) need the token or a live page session
+  (the cookie that `/ui/login` sets, see `sessions.py`); its HTML routes let anyone through to
+  their route, which shows the login page to a stranger (no data), with a body of at most
+  `LOGIN_BODY_BYTES`;
+* everything else (`/v1/...`): the job token, `Authorization: Bearer <token>`.
+
+A refused request is refused before its body is read, so each request of a flood of
+unauthenticated ones costs the driver a header lookup and a ~100-byte answer, however large its
+body, and none of them waits in line for anything. The route dependencies (`require_token`,
+`require_viewer`) repeat the check on every route, so a route is guarded even where the gate is
+absent.
 """
 
 from __future__ import annotations
@@ -13,16 +22,30 @@ import logging
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
+from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from elastic.driver.server.limits import refusal
+from elastic.driver.server.limits import BodyLimit, refusal
 from elastic.driver.server.services import Services
+from elastic.driver.server.sessions import PageSessions
 from elastic.protocol.env import AUTH_SCHEME
 
 log = logging.getLogger(__name__)
 
 UNAUTHORIZED = "missing or wrong job token"
+UNAUTHORIZED_PAGE = "log in first: open the login link the driver printed, or send the job token"
+CROSS_SITE = (
+    "refused: a page request that changes the job must carry the page's X-Elasticrun-Page "
+    "header (a form on another site cannot)"
+)
 MAX_LOGGED_PEERS = 1024  # distinct refused peers remembered; later ones are not logged
+PAGE = "/ui"
+PAGE_API = "/ui/api/"
+PAGE_MARKER = "x-elasticrun-page"
+"""The header the page's own requests carry: a cross-site form cannot set a header, and a
+cross-site script that sets one needs a CORS preflight this driver never grants."""
+LOGIN_BODY_BYTES = 4096  # the most a request without a login may send to the page's routes
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def _services_of(request: Request) -> Services:
@@ -39,11 +62,30 @@ async def services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(services)]
 
 
+async def page_sessions(request: Request) -> PageSessions:
+    """The page's login codes and sessions, owned by the app (`app.state.sessions`)."""
+    return request.app.state.sessions
+
+
+SessionsDep = Annotated[PageSessions, Depends(page_sessions)]
+
+
 def token_matches(authorization: bytes, token: str) -> bool:
     """Whether an `Authorization` header value is `Bearer <token>`; constant time in the
     token's content."""
     scheme, _, given = authorization.partition(b" ")
     return scheme == AUTH_SCHEME.encode() and hmac.compare_digest(given, token.encode())
+
+
+def is_page(path: str) -> bool:
+    """Whether `path` is one of the page's (`/ui` and below)."""
+    return path == PAGE or path.startswith(PAGE + "/")
+
+
+def session_cookie(cookie_header: str, sessions: PageSessions) -> str | None:
+    """The page session named by a `Cookie` header, if it names a live one."""
+    session = cookie_parser(cookie_header).get(sessions.cookie)
+    return session if sessions.is_session(session) else None
 
 
 def note_refusal(refused: set[str], peer: str, what: str = "HTTP request") -> None:
@@ -58,6 +100,15 @@ def note_refusal(refused: set[str], peer: str, what: str = "HTTP request") -> No
         log.warning("refused an unauthenticated %s from %s", what, peer)
 
 
+def _refuse(request: Request, detail: str) -> HTTPException:
+    note_refusal(
+        request.app.state.refused_peers, request.client.host if request.client else "unknown"
+    )
+    return HTTPException(
+        status.HTTP_401_UNAUTHORIZED, detail, headers={"WWW-Authenticate": AUTH_SCHEME}
+    )
+
+
 async def require_token(request: Request) -> None:
     """Raise 401 unless the request carries `Authorization: Bearer <job token>`.
 
@@ -65,37 +116,73 @@ async def require_token(request: Request) -> None:
     loop (no thread pool): it only reads a header and compares.
     """
     given = request.headers.get("authorization", "").encode("latin-1")
-    if token_matches(given, _services_of(request).token):
+    if not token_matches(given, _services_of(request).token):
+        raise _refuse(request, UNAUTHORIZED)
+
+
+def has_token(request: Request) -> bool:
+    """Whether the request carries the job token (no refusal noted)."""
+    given = request.headers.get("authorization", "").encode("latin-1")
+    return token_matches(given, _services_of(request).token)
+
+
+def page_session(request: Request) -> str | None:
+    """The live page session the request's cookie names, if any."""
+    return session_cookie(request.headers.get("cookie", ""), request.app.state.sessions)
+
+
+async def require_viewer(request: Request) -> None:
+    """Raise unless the request may use the page's JSON routes: 401 without the job token
+    or a live page session; 403 for a session-authenticated request that would change the
+    job (not GET/HEAD) without the page's `X-Elasticrun-Page` header (a cross-site form).
+    A request with the token needs no such header: a browser never adds the token itself."""
+    if has_token(request):
         return
-    note_refusal(
-        request.app.state.refused_peers, request.client.host if request.client else "unknown"
-    )
-    raise HTTPException(
-        status.HTTP_401_UNAUTHORIZED, UNAUTHORIZED, headers={"WWW-Authenticate": AUTH_SCHEME}
-    )
+    if page_session(request) is None:
+        raise _refuse(request, UNAUTHORIZED_PAGE)
+    if request.method not in SAFE_METHODS and PAGE_MARKER not in request.headers:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, CROSS_SITE)
 
 
 class TokenGate:
-    """Pure ASGI middleware: answers 401 (`WWW-Authenticate: Bearer`, connection closed) to an
-    HTTP request without the job token, before reading any of its body, unless its path is
-    one of `open_paths` (served to anyone: nothing secret there).
+    """Pure ASGI middleware, the doors of this module's docstring: answers 401
+    (`WWW-Authenticate: Bearer`, connection closed) to a request that its path's door refuses,
+    before reading any of its body. `open_paths` are served to anyone (nothing secret there).
 
-    The token and the set of refused peers are read from the Starlette app serving the
-    request (`app.state.services`, `app.state.refused_peers`), as `require_token` reads them.
+    The token, the page's sessions and the set of refused peers are read from the Starlette
+    app serving the request (`app.state.services`, `.sessions`, `.refused_peers`), as the route
+    dependencies read them.
     """
 
     def __init__(self, app: ASGIApp, open_paths: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.open_paths = open_paths
+        self._login_sized = BodyLimit(app, LOGIN_BODY_BYTES)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in self.open_paths:
-            state = scope["app"].state
-            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not token_matches(given, state.services.token):
-                client = scope.get("client")
-                note_refusal(state.refused_peers, client[0] if client else "unknown")
-                answer = refusal(401, UNAUTHORIZED, {"WWW-Authenticate": AUTH_SCHEME})
-                await answer(scope, receive, send)
+        if scope["type"] != "http" or scope["path"] in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        state = scope["app"].state
+        if token_matches(_header(scope, b"authorization"), state.services.token):
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if is_page(path):
+            cookie = _header(scope, b"cookie").decode("latin-1")
+            if session_cookie(cookie, state.sessions) is not None:
+                await self.app(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+            if not path.startswith(PAGE_API):  # the login page, its assets: no data
+                await self._login_sized(scope, receive, send)
+                return
+        client = scope.get("client")
+        note_refusal(state.refused_peers, client[0] if client else "unknown")
+        detail = UNAUTHORIZED_PAGE if is_page(path) else UNAUTHORIZED
+        answer = refusal(401, detail, {"WWW-Authenticate": AUTH_SCHEME})
+        await answer(scope, receive, send)
+
+
+def _header(scope: Scope, name: bytes) -> bytes:
+    """The first value of header `name` (lower case), as Starlette's `headers.get` reads it."""
+    return next((v for k, v in scope["headers"] if k == name), b"")

@@ -8,7 +8,9 @@ import os
 from elastic.driver.control.events import Placement, WorkerListener
 from elastic.driver.control.server import ControlServer
 from elastic.driver.server.app import HttpServer, create_app
+from elastic.driver.server.login_codes import login_url
 from elastic.driver.server.services import Services
+from elastic.driver.server.sessions import PageSessions
 from elastic.driver.server.tls import TlsIdentity
 from elastic.driver.settings import Settings
 from elastic.protocol.etcd import DriverAddress, certificate_mac
@@ -53,7 +55,9 @@ class Endpoints:
         listener: WorkerListener,
     ) -> None:
         self.tls = tls_identity(settings, address)
-        self._http = HttpServer(create_app(services), address, tls=self.tls)
+        self.sessions = PageSessions()
+        app = create_app(services, sessions=self.sessions)
+        self._http = HttpServer(app, address, tls=self.tls)
         self._control = ControlServer(
             listener,
             services.token,
@@ -66,11 +70,23 @@ class Endpoints:
         self.control_address = ""
 
     async def start(self) -> None:
-        """Bind and serve both; raises RuntimeError when an address cannot be bound."""
+        """Bind and serve both; raises RuntimeError when an address cannot be bound. Logs
+        the page's first one-time login link (never the token)."""
         await self._http.start()
         await self._control.start()
         self.url, self.control_address = self._http.url, self._control.address
         log.debug("HTTP API on %s, control on %s", self.url, self.control_address)
+        minutes = self.sessions.limits.code_lifetime / 60
+        log.info(
+            "dashboard: %s (a one-time login link, for %g minutes)",
+            self.login_url(),
+            minutes,
+            extra={"event": "dashboard"},
+        )
+
+    def login_url(self) -> str:
+        """A new one-time login link to the page (once serving)."""
+        return login_url(self.url, self.sessions.mint_code())
 
     async def stop(self) -> None:
         """End the event streams, then stop serving (idempotent)."""

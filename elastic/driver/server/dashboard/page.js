@@ -1,0 +1,188 @@
+// The job's page: polls /ui/api/status every second and draws it; the buttons call the page's
+// routes with the page's header (X-Elasticrun-Page), which a cross-site form cannot send.
+// Every value from the job is written as text (textContent), never as HTML.
+"use strict";
+
+const POLL_MS = 1000;
+const MARKER = { "X-Elasticrun-Page": "1" };
+
+function $(id) {
+  return document.getElementById(id);
+}
+
+function seconds(value) {
+  if (value === null || value === undefined) return "–";
+  return value < 10 ? `${value.toFixed(2)} s` : `${value.toFixed(0)} s`;
+}
+
+function rate(value) {
+  return value === null || value === undefined ? "–" : value.toFixed(2);
+}
+
+function clock(unixSeconds) {
+  if (unixSeconds === null || unixSeconds === undefined) return "–";
+  return new Date(unixSeconds * 1000).toLocaleTimeString();
+}
+
+function collective(c) {
+  if (!c) return "–";
+  const blocked = c.blocked_for === null ? "" : `, waiting ${seconds(c.blocked_for)}`;
+  return `${c.kind} #${c.seq}${blocked}`;
+}
+
+function cell(text, className) {
+  const td = document.createElement("td");
+  td.textContent = text === null || text === undefined ? "–" : String(text);
+  if (className) td.className = className;
+  return td;
+}
+
+function fill(tableId, rows) {
+  $(tableId).tBodies[0].replaceChildren(...rows);
+}
+
+function say(element, text, isError) {
+  element.textContent = text;
+  element.hidden = !text;
+  element.classList.toggle("error", Boolean(isError));
+}
+
+async function act(method, url, question) {
+  if (question && !window.confirm(question)) return;
+  try {
+    const answer = await fetch(url, { method, headers: MARKER, credentials: "same-origin" });
+    const body = await answer.json().catch(() => ({}));
+    const detail = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail);
+    say($("answer"), answer.ok ? body.message : `${answer.status}: ${detail}`, !answer.ok);
+  } catch (error) {
+    say($("answer"), `the driver did not answer: ${error}`, true);
+  }
+  poll.soon();
+}
+
+function hostRow(host) {
+  const tr = document.createElement("tr");
+  tr.dataset.hostname = host.hostname;
+  tr.dataset.state = host.state;
+  tr.append(
+    cell(host.hostname),
+    cell(host.slots),
+    cell(host.state, `state-${host.state}`),
+    cell(host.until === null ? "–" : clock(host.until)),
+  );
+  const button = document.createElement("button");
+  button.type = "button";
+  const path = `/ui/api/hosts/${encodeURIComponent(host.hostname)}/drain`;
+  if (host.state === "drained") {
+    button.textContent = "Undrain";
+    button.addEventListener("click", () => act("DELETE", path));
+  } else {
+    button.textContent = "Drain";
+    button.addEventListener("click", () =>
+      act("POST", path, `Drain ${host.hostname}? Its workers leave at their next step.`),
+    );
+  }
+  const td = document.createElement("td");
+  td.append(button);
+  tr.append(td);
+  return tr;
+}
+
+function workerRow(w) {
+  const tr = document.createElement("tr");
+  tr.dataset.workerId = w.worker_id;
+  tr.dataset.state = w.state;
+  if (w.rank !== null) tr.dataset.rank = w.rank;
+  if (w.pid !== null) tr.dataset.pid = w.pid;
+  tr.append(
+    cell(w.rank, "rank"),
+    cell(w.hostname),
+    cell(w.worker_id),
+    cell(w.pid),
+    cell(w.exit_code === null ? w.state : `${w.state} (${w.exit_code})`, `state-${w.state}`),
+    cell(w.steps),
+    cell(rate(w.step_rate)),
+    cell(w.commit),
+    cell(seconds(w.commit_age)),
+    cell(seconds(w.heartbeat_age)),
+    cell(collective(w.collective)),
+  );
+  return tr;
+}
+
+function roundRow(r) {
+  const tr = document.createElement("tr");
+  tr.dataset.round = r.number;
+  tr.dataset.cause = r.cause;
+  tr.append(
+    cell(r.number),
+    cell(clock(r.formed_at)),
+    cell(r.size),
+    cell(r.cause, `cause cause-${r.cause}`),
+    cell(seconds(r.noticed_to_formed)),
+    cell(seconds(r.formed_to_first_step)),
+    cell(r.reason),
+  );
+  return tr;
+}
+
+function decisionRow(d) {
+  const tr = document.createElement("tr");
+  tr.append(cell(clock(d.time)), cell(d.round), cell(d.reason));
+  return tr;
+}
+
+function draw(status) {
+  $("job-id").textContent = status.job_id;
+  $("round").textContent = status.epoch;
+  $("size").textContent = status.size;
+  $("updated").textContent = new Date().toLocaleTimeString();
+  fill("hosts", status.hosts.map(hostRow));
+  const workers = [...status.workers].sort(
+    (a, b) => (a.rank ?? Infinity) - (b.rank ?? Infinity) || a.worker_id.localeCompare(b.worker_id),
+  );
+  fill("workers", workers.map(workerRow));
+  fill("rounds", [...status.rounds].reverse().map(roundRow));
+  fill("decisions", [...status.decisions].reverse().map(decisionRow));
+  $("stall").hidden = !status.stall;
+  $("stall-line").textContent = status.stall ? status.stall.line : "";
+  const log = $("log");
+  const atEnd = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+  log.textContent = status.log_tail.join("\n");
+  if (atEnd) log.scrollTop = log.scrollHeight;
+}
+
+const poll = {
+  timer: null,
+  async run() {
+    clearTimeout(poll.timer);
+    try {
+      const answer = await fetch("/ui/api/status", { credentials: "same-origin" });
+      if (answer.status === 401) {
+        say($("connection"), "Logged out: reload the page to log in again.", true);
+        return; // no more polling until the page is reloaded
+      }
+      if (!answer.ok) throw new Error(`${answer.status}`);
+      draw(await answer.json());
+      say($("connection"), "");
+    } catch (error) {
+      say($("connection"), `The driver does not answer (${error.message}): the job may have ended.`, true);
+    }
+    poll.timer = setTimeout(poll.run, POLL_MS);
+  },
+  soon() {
+    clearTimeout(poll.timer);
+    poll.timer = setTimeout(poll.run, 0);
+  },
+};
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("stop").addEventListener("click", () =>
+    act("POST", "/ui/api/stop", "Stop the job? Every worker is stopped and the launcher exits."),
+  );
+  $("logout").addEventListener("click", async () => {
+    await act("POST", "/ui/api/logout");
+    window.location.assign("/ui");
+  });
+  poll.run();
+});

@@ -1,0 +1,278 @@
+"""The page's logins in-process: nothing of the job without the token or a page session, a
+one-time code works once and only for a while, and a cross-site form cannot press a button."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from elastic.driver.journal.memory import MemoryKeyValueStore
+from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.server.app import create_app
+from elastic.driver.server.auth import LOGIN_BODY_BYTES
+from elastic.driver.server.services import Services
+from elastic.driver.server.sessions import PageSessions, SessionLimits
+from elastic.protocol.http import HostStatus, JobStatus, WorkerStatus
+
+TOKEN = "page-test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+PAGE = {"X-Elasticrun-Page": "1"}
+JOB_ID = "job-7f3a2c"
+HOST = "host-alpha"
+STATUS = JobStatus(
+    job_id=JOB_ID,
+    epoch=3,
+    size=1,
+    hosts=[HostStatus(hostname=HOST, slots=2)],
+    workers=[WorkerStatus(worker_id="w-0", rank=0, hostname=HOST, local_rank=0, state="member")],
+)
+
+
+@dataclass
+class FakeClock:
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Driver:
+    """What the page's buttons asked the driver, and a monotonic clock the test moves."""
+
+    clock: FakeClock = field(default_factory=FakeClock)
+    drained: list[tuple[str, bool]] = field(default_factory=list)
+    stops: int = 0
+
+    def set_drained(self, hostname: str, drained: bool) -> bool:
+        if hostname != HOST:
+            return False
+        self.drained.append((hostname, drained))
+        return True
+
+    def stop_job(self) -> None:
+        self.stops += 1
+
+
+Check = Callable[[httpx.AsyncClient, Driver, PageSessions], Awaitable[None]]
+
+
+def run(check: Check, *, can_steer: bool = True, base_url: str = "http://driver") -> None:
+    """Run `check` against a fresh app with a fake clock, through an in-process client."""
+    driver = Driver()
+    services = Services(
+        TOKEN,
+        MemoryKeyValueStore(),
+        Rendezvous(),
+        lambda: STATUS,
+        set_drained=driver.set_drained if can_steer else None,
+        stop_job=driver.stop_job if can_steer else None,
+    )
+    sessions = PageSessions(SessionLimits(), clock=driver.clock)
+    app = create_app(services, sessions=sessions)
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=base_url) as client:
+            await check(client, driver, sessions)
+
+    asyncio.run(main())
+
+
+async def code_login(client: httpx.AsyncClient) -> httpx.Response:
+    """Mint a code with the token (as `elasticrun status` would) and open its link."""
+    minted = await client.post("/v1/login-codes", headers=AUTH)
+    assert minted.status_code == 201, minted.text
+    url = minted.json()["url"]
+    assert url.startswith("http://driver/ui/login?code=") and TOKEN not in url
+    return await client.get(url.removeprefix("http://driver"))
+
+
+def test_a_stranger_gets_the_login_page_and_no_data() -> None:
+    async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Cookie": f"{sessions.cookie}=x"}):
+            page = await client.get("/ui", headers=headers)
+            assert page.status_code == 200
+            assert 'name="token"' in page.text  # the login form
+            for secret in (JOB_ID, HOST, TOKEN):
+                assert secret not in page.text
+            assert "Workers" not in page.text
+            data = await client.get("/ui/api/status", headers=headers)
+            assert data.status_code == 401
+            assert JOB_ID not in data.text and HOST not in data.text
+            assert data.json()["detail"].startswith("log in first")
+        assert (await client.get("/ui/assets/page.js")).status_code == 200  # no data in it
+
+    run(check)
+
+
+def test_a_login_code_opens_one_session_once() -> None:
+    async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
+        entered = await code_login(client)
+        assert entered.status_code == 200
+        assert 'http-equiv="refresh" content="0; url=/ui"' in entered.text
+        cookie = entered.headers["set-cookie"]
+        assert cookie.startswith(f"{sessions.cookie}=")
+        for attribute in ("HttpOnly", "Path=/ui", "SameSite=strict"):
+            assert attribute in cookie
+        assert "Secure" not in cookie  # plain HTTP: a Secure cookie would never come back
+        page = await client.get("/ui")
+        assert "Workers" in page.text and 'name="token"' not in page.text
+        status = await client.get("/ui/api/status")
+        assert status.status_code == 200 and status.json()["job_id"] == JOB_ID
+
+        client.cookies.clear()
+        again = await client.get(str(entered.request.url))
+        assert again.status_code == 401
+        assert "used already or has expired" in again.text
+        assert "set-cookie" not in again.headers
+        assert (await client.get("/ui/api/status")).status_code == 401
+
+    run(check)
+
+
+def test_a_login_code_expires_after_ten_minutes() -> None:
+    async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
+        late, in_time = sessions.mint_code(), sessions.mint_code()
+        driver.clock.now += 599
+        assert (await client.get("/ui/login", params={"code": in_time})).status_code == 200
+        client.cookies.clear()
+        driver.clock.now += 2  # 601 s after both were minted
+        refused = await client.get("/ui/login", params={"code": late})
+        assert refused.status_code == 401 and "set-cookie" not in refused.headers
+        assert (await client.get("/ui/api/status")).status_code == 401
+        unknown = await client.get("/ui/login", params={"code": "made-up"})
+        assert unknown.status_code == 401
+
+    run(check)
+
+
+def test_a_session_ends_when_it_expires_or_logs_out() -> None:
+    async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
+        await code_login(client)
+        driver.clock.now += sessions.limits.session_lifetime - 1
+        assert (await client.get("/ui/api/status")).status_code == 200
+        driver.clock.now += 1
+        assert (await client.get("/ui/api/status")).status_code == 401
+
+        await code_login(client)
+        out = await client.post("/ui/api/logout", headers=PAGE)
+        assert out.status_code == 200 and out.json() == {"message": "logged out"}
+        assert (await client.get("/ui/api/status")).status_code == 401
+
+    run(check)
+
+
+def test_the_token_form_logs_in_and_a_wrong_token_is_refused() -> None:
+    async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
+        wrong = await client.post("/ui/login", data={"token": "not-the-token"})
+        assert wrong.status_code == 401
+        assert "not the job token" in wrong.text and "set-cookie" not in wrong.headers
+        assert (await client.get("/ui/api/status")).status_code == 401
+
+        right = await client.post("/ui/login", data={"token": TOKEN})
+        assert right.status_code == 303 and right.headers["location"] == "/ui"
+        assert right.headers["set-cookie"].startswith(f"{sessions.cookie}=")
+        assert TOKEN not in right.headers["set-cookie"]  # the cookie holds a session id
+        assert (await client.get("/ui/api/status")).status_code == 200
+
+        client.cookies.clear()
+        bad_form = await client.post("/ui/login", content=b"token=a&" * 10)
+        assert bad_form.status_code == 400
+        huge = await client.post("/ui/login", content=b"x" * (LOGIN_BODY_BYTES + 1))
+        assert huge.status_code == 413  # a stranger's body is cut short, not read whole
+
+    run(check)
+
+
+def test_a_page_session_opens_the_page_only_not_the_api() -> None:
+    async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
+        await code_login(client)
+        assert (await client.get("/ui/api/status")).status_code == 200
+        assert (await client.get("/v1/status")).status_code == 401
+        assert (await client.post("/v1/login-codes")).status_code == 401
+        assert (await client.post("/v1/login-codes", headers=AUTH)).status_code == 201
+
+    run(check)
+
+
+def test_a_button_without_the_page_header_is_refused() -> None:
+    async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
+        await code_login(client)
+        for method, path in [
+            ("POST", f"/ui/api/hosts/{HOST}/drain"),
+            ("DELETE", f"/ui/api/hosts/{HOST}/drain"),
+            ("POST", "/ui/api/stop"),
+        ]:
+            # what a cross-site form could send, had the browser sent the cookie at all
+            refused = await client.request(method, path)
+            assert refused.status_code == 403, path
+            assert "X-Elasticrun-Page" in refused.json()["detail"]
+        assert driver.drained == [] and driver.stops == 0
+
+        drained = await client.post(f"/ui/api/hosts/{HOST}/drain", headers=PAGE)
+        assert drained.status_code == 200, drained.text
+        assert drained.json()["message"].startswith(f"host {HOST} is drained")
+        undrained = await client.delete(f"/ui/api/hosts/{HOST}/drain", headers=PAGE)
+        assert undrained.json()["message"].startswith(f"host {HOST} is undrained")
+        stopped = await client.post("/ui/api/stop", headers=PAGE)
+        assert stopped.json() == {"message": f"job {JOB_ID} is stopping: every worker is stopped"}
+        assert driver.drained == [(HOST, True), (HOST, False)] and driver.stops == 1
+
+        # With the token no page header is needed: a browser never adds the token by itself.
+        client.cookies.clear()
+        assert (await client.post("/ui/api/stop", headers=AUTH)).status_code == 200
+
+    run(check)
+
+
+def test_draining_an_unknown_host_is_one_clear_line() -> None:
+    async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
+        answer = await client.post("/ui/api/hosts/nowhere/drain", headers=AUTH)
+        assert answer.status_code == 404
+        assert answer.json() == {"detail": f"job {JOB_ID} has no host nowhere (hosts: {HOST})"}
+
+    run(check)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("POST", f"/ui/api/hosts/{HOST}/drain"), ("DELETE", f"/ui/api/hosts/{HOST}/drain"),
+     ("POST", "/ui/api/stop")],
+)  # fmt: skip
+def test_a_driver_that_cannot_steer_says_so(method: str, path: str) -> None:
+    async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
+        answer = await client.request(method, path, headers=AUTH)
+        assert answer.status_code == 503
+        assert answer.json()["detail"].startswith(("this job cannot", "this driver cannot"))
+
+    run(check, can_steer=False)
+
+
+def test_over_tls_the_cookie_is_secure_and_the_page_forbids_framing() -> None:
+    async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
+        right = await client.post("/ui/login", data={"token": TOKEN})
+        assert "Secure" in right.headers["set-cookie"]
+        page = await client.get("/ui")
+        assert page.headers["x-frame-options"] == "DENY"
+        assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+        assert page.headers["referrer-policy"] == "no-referrer"
+
+    run(check, base_url="https://driver")
+
+
+def test_sessions_and_codes_are_bounded_oldest_first() -> None:
+    clock = FakeClock()
+    sessions = PageSessions(SessionLimits(max_codes=2, max_sessions=2), clock=clock)
+    codes = [sessions.mint_code() for _ in range(3)]
+    assert sessions.redeem(codes[0]) is None  # forgotten for the newer two
+    opened = [sessions.redeem(codes[1]), sessions.redeem(codes[2]), sessions.open_session()]
+    assert not sessions.is_session(opened[0]) and all(map(sessions.is_session, opened[1:]))
+    assert sessions.counts == (0, 2)
+    clock.now += sessions.limits.code_lifetime + 1
+    sessions.mint_code()  # minting forgets the expired
+    assert sessions.counts[0] == 1
