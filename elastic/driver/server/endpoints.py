@@ -70,12 +70,14 @@ class Endpoints:
         self.control_address = ""
 
     async def start(self) -> None:
-        """Bind and serve both; raises RuntimeError when an address cannot be bound. Logs
-        the page's first one-time login link (never the token)."""
+        """Bind and serve both; raises RuntimeError when an address cannot be bound."""
         await self._http.start()
         await self._control.start()
         self.url, self.control_address = self._http.url, self._control.address
         log.debug("HTTP API on %s, control on %s", self.url, self.control_address)
+
+    def announce_page(self) -> None:
+        """Log one line with a one-time login link to the page (never the token itself)."""
         minutes = self.sessions.limits.code_lifetime / 60
         log.info(
             "dashboard: %s (a one-time login link, for %g minutes)",
