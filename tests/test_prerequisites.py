@@ -22,6 +22,7 @@ from tests.prerequisites import (
     etcd_binary,
     etcd_wheel_binary,
     missing_bed,
+    missing_browser,
     missing_etcd,
     missing_ssh,
 )
@@ -157,6 +158,24 @@ def test_the_bed_without_sshd_says_sshd(tmp_path: Path) -> None:
     machine = ssh_machine(tmp_path, "ip", "nft", "iptables", "ssh", "ssh-keygen", sshd=False)
     assert missing_bed(machine) == (
         f"needs {machine.sshd} (apt-get install openssh-server); .ci/run installs it"
+    )
+
+
+def test_the_browser_test_needs_chromium_its_driver_and_selenium(tmp_path: Path) -> None:
+    folder = tmp_path / "bin"
+    program(folder, "chromium")
+    machine = Machine(path=path_of(folder), euid=1000)
+    assert missing_browser(machine) == (
+        "needs chromedriver for the page's browser test (apt-get install chromium-driver); "
+        ".ci/run installs it"
+    )
+    program(folder, "chromedriver")
+    assert missing_browser(machine) is None
+    assert missing_browser(Machine(path=path_of(folder), euid=0, selenium=False)) == (
+        "needs selenium for the page's browser test (in the dev extra); .ci/run installs it"
+    )
+    assert missing_browser(Machine(path=path_of(tmp_path / "empty"), euid=0)).startswith(
+        "needs chromium for the page's browser test (apt-get install chromium)"
     )
 
 

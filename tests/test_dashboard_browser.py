@@ -1,0 +1,158 @@
+"""The driver's page in a real browser (Debian's headless Chromium, driven by Selenium through
+its chromedriver) on a real elastic job: the login link the launcher prints opens it, the
+workers appear with their ranks, and a killed worker's re-form appears in the rounds timeline
+with its cause. Skips with one line where this machine has no such browser."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import RunningJob
+from tests.prerequisites import Machine, missing_browser
+
+WORKERS = Path(__file__).parent / "workers"
+Rows = list[dict[str, str]]
+ROWS = """
+return [...document.querySelectorAll(`#${arguments[0]} tbody tr`)].map(
+  (tr) => ({...tr.dataset, text: tr.innerText}));
+"""
+
+STATUS = """
+fetch("/ui/api/status").then((answer) => answer.json()).then(arguments[0]);
+"""
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    """Headless Chromium with its own profile in `tmp_path`; quit (both processes) at the end."""
+    if reason := missing_browser(Machine.here()):
+        pytest.skip(reason)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    machine = Machine.here()
+    options = Options()
+    options.binary_location = str(machine.which("chromium"))
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",  # root has no user namespace sandbox here
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1500,1150",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
+        options.add_argument(argument)
+    service = Service(
+        executable_path=str(machine.which("chromedriver")),
+        log_output=str(tmp_path / "chromedriver.log"),
+    )
+    driver = webdriver.Chrome(options=options, service=service)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def rows(browser: Any, table: str) -> Rows:
+    """The rows the page shows in table `table`: each row's data attributes and its text."""
+    return browser.execute_script(ROWS, table)
+
+
+def shown_until(
+    browser: Any, job: RunningJob, what: str, holds: Callable[[Any], bool], timeout: float = 60
+) -> None:
+    """Wait (polling the page every 0.2 s, at most `timeout` s) until `holds(browser)`."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        WebDriverWait(browser, timeout, poll_frequency=0.2).until(holds)
+    except TimeoutException:
+        page = {t: rows(browser, t) for t in ("hosts", "workers", "rounds")}
+        raise AssertionError(
+            f"the page never showed {what} within {timeout:g} s; it showed {page}; "
+            f"answer: {browser.find_element('id', 'answer').text!r}\n{job.transcript()}"
+        ) from None
+
+
+def test_the_page_shows_a_live_job_and_a_killed_workers_round(
+    elasticrun: Callable[..., RunningJob], browser: Any, tmp_path: Path
+) -> None:
+    job = elasticrun(
+        ["-np", "3", "--min-np", "2", "--max-np", "3", "--heartbeat-interval", "0.5",
+         sys.executable, str(WORKERS / "elastic_job.py"), "--out", str(tmp_path),
+         "--epochs", "400", "--step-delay", "0.05"]
+    )  # fmt: skip
+    login = job.wait_for(r"dashboard: (http://127\.0\.0\.1:\d+/ui/login\?code=\S+)", 60).group(1)
+    page = login.split("/login?")[0]
+
+    browser.get(page)  # not logged in: the login form, and nothing of the job
+    assert browser.find_elements("css selector", "input[name=token]")
+    assert not browser.find_elements("id", "workers")
+
+    browser.get(login)
+    shown_until(browser, job, "the page", lambda b: b.current_url == page)
+
+    def members(b: Any) -> bool:  # a pid is shown once a worker's control stream is open
+        shown = [r for r in rows(b, "workers") if r["state"] == "member" and "pid" in r]
+        return sorted(r.get("rank", "") for r in shown) == ["0", "1", "2"]
+
+    shown_until(browser, job, "three members with ranks 0, 1, 2 and their pids", members)
+    workers = {r["rank"]: r for r in rows(browser, "workers")}
+    assert all(r["text"].split("\t")[1] == "localhost" for r in workers.values()), workers
+    assert browser.find_element("id", "round").text == "1"
+    assert [r["hostname"] for r in rows(browser, "hosts")] == ["localhost"]
+
+    # The token reaches the workers (in their environment) and no launcher line.
+    victim = int(workers["2"]["pid"])
+    environ = Path(f"/proc/{victim}/environ").read_bytes().split(b"\0")
+    token = next(v for v in environ if v.startswith(b"ELASTIC_TOKEN=")).split(b"=", 1)[1]
+    assert token.decode() not in job.output
+
+    def stepping(b: Any) -> bool:  # the step rate column is filled from heartbeats
+        return all(r["text"].split("\t")[6] not in ("–", "0.00") for r in rows(b, "workers"))
+
+    shown_until(browser, job, "a step rate for every worker", stepping)
+    os.kill(victim, signal.SIGKILL)
+
+    def failed(b: Any) -> bool:
+        by_pid = {r.get("pid"): r for r in rows(b, "workers")}
+        return by_pid.get(str(victim), {}).get("state") == "failed"
+
+    shown_until(browser, job, f"worker pid {victim} failed", failed)
+
+    # The rounds timeline (filled by the driver's RoundTimeline): round 2, for the failure,
+    # with its recovery legs measured.
+    def reformed(b: Any) -> bool:
+        return any(r["round"] == "2" and r["cause"] == "failure" for r in rows(b, "rounds"))
+
+    shown_until(browser, job, "round 2 caused by the failure", reformed)
+    round_two = next(r for r in rows(browser, "rounds") if r["round"] == "2")
+    noticed_to_formed = round_two["text"].split("\t")[4]
+    assert noticed_to_formed.endswith(" s"), round_two
+
+    def two_members(b: Any) -> bool:
+        shown = rows(b, "workers")
+        return sorted(r.get("rank", "") for r in shown if r["state"] == "member") == ["0", "1"]
+
+    shown_until(browser, job, "two members after the re-form", two_members)
+    assert browser.find_element("id", "round").text == "2"
+    assert "failure" in browser.find_element("id", "rounds").text
+    # The launcher's log tail, as the status holds it. The logs helper's LogTail fills
+    # JobStatus.log_tail; once that is on main, also assert "dashboard: " in the text.
+    status = browser.execute_async_script(STATUS)
+    assert status["epoch"] == 2
+    assert browser.find_element("id", "log").text == "\n".join(status["log_tail"]).strip()
+
+    screenshot = tmp_path / "dashboard.png"
+    assert browser.save_screenshot(str(screenshot))
+    assert screenshot.stat().st_size > 10_000
+    job.stop()
