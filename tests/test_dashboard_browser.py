@@ -46,7 +46,7 @@ def browser(tmp_path: Path) -> Iterator[Any]:
         "--no-sandbox",  # root has no user namespace sandbox here
         "--disable-dev-shm-usage",
         "--disable-gpu",
-        "--window-size=1500,1150",
+        "--window-size=1400,900",
         f"--user-data-dir={tmp_path / 'chromium-profile'}",
     ):
         options.add_argument(argument)
