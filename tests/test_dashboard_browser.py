@@ -83,6 +83,15 @@ def shown_until(
         ) from None
 
 
+def log_in(browser: Any, job: RunningJob) -> str:
+    """Open the login link the launcher printed; return the page's URL, once it shows."""
+    login = job.wait_for(r"dashboard: (http://127\.0\.0\.1:\d+/ui/login\?code=\S+)", 60).group(1)
+    page = login.split("/login?")[0]
+    browser.get(login)
+    shown_until(browser, job, "the page", lambda b: b.current_url == page)
+    return page
+
+
 def test_the_page_shows_a_live_job_and_a_killed_workers_round(
     elasticrun: Callable[..., RunningJob], browser: Any, tmp_path: Path
 ) -> None:
@@ -91,15 +100,11 @@ def test_the_page_shows_a_live_job_and_a_killed_workers_round(
          sys.executable, str(WORKERS / "elastic_job.py"), "--out", str(tmp_path),
          "--epochs", "400", "--step-delay", "0.05"]
     )  # fmt: skip
-    login = job.wait_for(r"dashboard: (http://127\.0\.0\.1:\d+/ui/login\?code=\S+)", 60).group(1)
-    page = login.split("/login?")[0]
-
+    page = job.wait_for(r"dashboard: (http://127\.0\.0\.1:\d+/ui)/login\?code=", 60).group(1)
     browser.get(page)  # not logged in: the login form, and nothing of the job
     assert browser.find_elements("css selector", "input[name=token]")
     assert not browser.find_elements("id", "workers")
-
-    browser.get(login)
-    shown_until(browser, job, "the page", lambda b: b.current_url == page)
+    log_in(browser, job)
 
     def members(b: Any) -> bool:  # a pid is shown once a worker's control stream is open
         shown = [r for r in rows(b, "workers") if r["state"] == "member" and "pid" in r]
@@ -156,3 +161,54 @@ def test_the_page_shows_a_live_job_and_a_killed_workers_round(
     assert browser.save_screenshot(str(screenshot))
     assert screenshot.stat().st_size > 10_000
     job.stop()
+
+
+def test_the_page_names_the_ranks_of_a_stall(
+    elasticrun: Callable[..., RunningJob], browser: Any
+) -> None:
+    job = elasticrun(
+        ["-np", "4", "--min-np", "2", "--heartbeat-interval", "0.5", "--stall-warning", "2",
+         sys.executable, str(WORKERS / "stall_job.py")]
+    )  # fmt: skip
+    log_in(browser, job)
+    assert not browser.find_element("id", "stall").is_displayed()
+
+    def banner(b: Any) -> bool:
+        return b.find_element("id", "stall").is_displayed()
+
+    shown_until(browser, job, "the stall banner", banner, timeout=90)
+    line = browser.find_element("id", "stall-line").text
+    logged = job.wait_for(r"stall in round 1: .*", 30).group(0)
+    assert line == logged.removeprefix("elasticrun: ") or line in logged, (line, logged)
+    assert "rank 1 on host localhost (not in a collective, last step 3)" in line
+    waiting = {r["rank"]: r["text"] for r in rows(browser, "workers")}
+    assert ", waiting " in waiting["0"].split("\t")[10], waiting
+    job.stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Services.stop_job comes with the ops-commands branch; remove this mark once it is "
+    "on main (until then the page shows the driver's 503 line)",
+)
+def test_the_stop_button_asks_first_then_ends_the_job(
+    elasticrun: Callable[..., RunningJob], browser: Any, tmp_path: Path
+) -> None:
+    job = elasticrun(
+        ["-np", "2", "--min-np", "2", "--heartbeat-interval", "0.5",
+         sys.executable, str(WORKERS / "elastic_job.py"), "--out", str(tmp_path),
+         "--epochs", "400", "--step-delay", "0.05"]
+    )  # fmt: skip
+    log_in(browser, job)
+    shown_until(browser, job, "two members", lambda b: len(rows(b, "workers")) == 2)
+    browser.find_element("id", "stop").click()
+    browser.switch_to.alert.dismiss()  # "Stop the job?" No: nothing is asked of the driver
+    assert not browser.find_element("id", "answer").is_displayed()
+    assert job.process.poll() is None
+
+    browser.find_element("id", "stop").click()
+    browser.switch_to.alert.accept()
+    shown_until(browser, job, "the answer", lambda b: b.find_element("id", "answer").text)
+    answer = browser.find_element("id", "answer").text
+    assert answer.endswith("is stopping: every worker is stopped"), answer
+    assert job.finish(60) == 0, job.transcript()
