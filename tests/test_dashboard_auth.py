@@ -14,6 +14,7 @@ from elastic.driver.journal.memory import MemoryKeyValueStore
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.server.app import create_app
 from elastic.driver.server.auth import LOGIN_BODY_BYTES
+from elastic.driver.server.page_api import SharedStatus
 from elastic.driver.server.services import Services
 from elastic.driver.server.sessions import PageSessions, SessionLimits
 from elastic.protocol.http import HostStatus, JobStatus, WorkerStatus
@@ -276,3 +277,18 @@ def test_sessions_and_codes_are_bounded_oldest_first() -> None:
     clock.now += sessions.limits.code_lifetime + 1
     sessions.mint_code()  # minting forgets the expired
     assert sessions.counts[0] == 1
+
+
+def test_every_open_page_shares_one_status_per_half_second() -> None:
+    clock, built = FakeClock(), []
+
+    def status() -> JobStatus:
+        built.append(clock.now)
+        return STATUS.model_copy(update={"epoch": len(built)})
+
+    shared = SharedStatus(max_age=0.5, clock=clock)
+    first = shared.json(status)
+    clock.now += 0.49
+    assert shared.json(status) is first and len(built) == 1  # a second page's poll
+    clock.now += 0.01
+    assert JobStatus.model_validate_json(shared.json(status)).epoch == 2

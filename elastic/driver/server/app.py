@@ -76,6 +76,7 @@ def create_app(
     )
     app.state.services = services
     app.state.sessions = sessions or PageSessions()
+    app.state.page_status = page_api.SharedStatus()
     app.state.refused_peers = set()
     for module in (rendezvous, kv, status, hosts, stop, login_codes):  # the API: the token
         app.include_router(module.router, dependencies=[Depends(require_token)])

@@ -8,6 +8,8 @@ same `Services.set_drained` and `Services.stop_job` as `elasticrun drain`, `undr
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
@@ -21,6 +23,27 @@ router = APIRouter(
 )
 
 Hostname = Annotated[str, Path(min_length=1, max_length=255)]
+STATUS_MAX_AGE = 0.5  # seconds one answer to the page's poll is served again to every page
+
+
+class SharedStatus:
+    """The job's status as JSON, built at most once per `max_age` seconds whatever the number
+    of open pages: at 10,000 workers building and encoding it holds the driver's event loop
+    for tens of milliseconds, and each page asks every second. `clock` is monotonic."""
+
+    def __init__(
+        self, max_age: float = STATUS_MAX_AGE, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.max_age, self._clock = max_age, clock
+        self._built_at = float("-inf")
+        self._json = b""
+
+    def json(self, status: Callable[[], JobStatus]) -> bytes:
+        """`status()` encoded, or the encoding made less than `max_age` seconds ago."""
+        now = self._clock()
+        if now - self._built_at >= self.max_age:
+            self._json, self._built_at = status().model_dump_json().encode(), now
+        return self._json
 
 
 class PageAnswer(Strict):
@@ -29,11 +52,16 @@ class PageAnswer(Strict):
     message: str
 
 
-@router.get("/status")
-async def page_status(svc: ServicesDep, response: Response) -> JobStatus:
-    """The job's status, as `/v1/status` answers it (the page polls this)."""
-    response.headers["Cache-Control"] = "no-store"
-    return svc.status()
+@router.get("/status", response_class=Response)
+async def page_status(request: Request, svc: ServicesDep) -> Response:
+    """The job's status, as `/v1/status` answers it, at most `STATUS_MAX_AGE` seconds old
+    (the page polls this every second)."""
+    shared: SharedStatus = request.app.state.page_status
+    return Response(
+        shared.json(svc.status),
+        media_type="application/json",
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 @router.post("/hosts/{hostname}/drain")
