@@ -193,11 +193,6 @@ def test_the_page_names_the_ranks_of_a_stall(
     job.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Services.stop_job comes with the ops-commands branch; remove this mark once it is "
-    "on main (until then the page shows the driver's 503 line)",
-)
 def test_the_stop_button_asks_first_then_ends_the_job(
     elasticrun: Callable[..., RunningJob], browser: Any, tmp_path: Path
 ) -> None:
@@ -217,15 +212,10 @@ def test_the_stop_button_asks_first_then_ends_the_job(
     browser.switch_to.alert.accept()
     shown_until(browser, job, "the answer", lambda b: b.find_element("id", "answer").text)
     answer = browser.find_element("id", "answer").text
-    assert answer.endswith("is stopping: every worker is stopped"), answer
+    assert answer == "the job stops: every worker is being stopped", answer
     assert job.finish(60) == 0, job.transcript()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Services.set_drained comes with the ops-commands branch; remove this mark once it "
-    "is on main (until then the page shows the driver's 503 line)",
-)
 def test_the_drain_button_takes_a_host_out_and_undrain_gives_it_back(
     elasticrun: Callable[..., RunningJob], browser: Any, tmp_path: Path
 ) -> None:

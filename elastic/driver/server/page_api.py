@@ -1,9 +1,9 @@
 """`/ui/api`: what the page reads and the buttons it has, for a page session or the token.
 
 Every route needs a login (`require_viewer`); one that changes the job needs the page's own
-header as well, when the login is the session cookie (see `auth.py`). The buttons call the
-same `Services.set_drained` and `Services.stop_job` as `elasticrun drain`, `undrain` and
-`stop`; a driver without them answers 503 with one line.
+header as well, when the login is the session cookie (see `auth.py`). The buttons do what
+`elasticrun drain`, `undrain` and `stop` do, through the same `/v1` route code (`hosts.py`,
+`stop.py`), with the same answers and errors.
 """
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ import time
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
+from fastapi import APIRouter, Depends, Path, Request, Response
 
+from elastic.driver.server import hosts, stop
 from elastic.driver.server.auth import ServicesDep, SessionsDep, page_session, require_viewer
-from elastic.driver.server.services import Services
-from elastic.protocol.http import JobStatus, Strict
+from elastic.protocol.http import MAX_KEY_LENGTH, DrainResponse, JobStatus, StopResponse, Strict
 
 router = APIRouter(
     prefix="/ui/api", include_in_schema=False, dependencies=[Depends(require_viewer)]
 )
 
-Hostname = Annotated[str, Path(min_length=1, max_length=255)]
+Hostname = Annotated[str, Path(min_length=1, max_length=MAX_KEY_LENGTH)]
 STATUS_MAX_AGE = 0.5  # seconds one answer to the page's poll is served again to every page
 
 
@@ -47,7 +47,7 @@ class SharedStatus:
 
 
 class PageAnswer(Strict):
-    """What a button did, in the line the page shows."""
+    """A line the page shows (the answer to logging out)."""
 
     message: str
 
@@ -65,27 +65,21 @@ async def page_status(request: Request, svc: ServicesDep) -> Response:
 
 
 @router.post("/hosts/{hostname}/drain")
-async def drain(hostname: Hostname, svc: ServicesDep) -> PageAnswer:
-    """Drain `hostname`: its workers leave at their next step; it gets no new ones."""
-    _set_drained(svc, hostname, True)
-    return PageAnswer(message=f"host {hostname} is drained: its workers leave at their next step")
+async def drain(hostname: Hostname, svc: ServicesDep) -> DrainResponse:
+    """Drain `hostname`, as `POST /v1/hosts/{hostname}/drain` does (the same answers)."""
+    return await hosts.drain(svc, hostname)
 
 
 @router.delete("/hosts/{hostname}/drain")
-async def undrain(hostname: Hostname, svc: ServicesDep) -> PageAnswer:
-    """Undrain `hostname`: its free slots get workers again."""
-    _set_drained(svc, hostname, False)
-    return PageAnswer(message=f"host {hostname} is undrained: its free slots get workers again")
+async def undrain(hostname: Hostname, svc: ServicesDep) -> DrainResponse:
+    """Undrain `hostname`, as `DELETE /v1/hosts/{hostname}/drain` does."""
+    return await hosts.undrain(svc, hostname)
 
 
 @router.post("/stop")
-async def stop(svc: ServicesDep) -> PageAnswer:
-    """End the job cleanly: every worker is stopped and the launcher exits."""
-    if svc.stop_job is None:
-        raise HTTPException(503, "this driver cannot stop its job from the page")
-    job_id = svc.status().job_id
-    svc.stop_job()
-    return PageAnswer(message=f"job {job_id} is stopping: every worker is stopped")
+async def stop_job(svc: ServicesDep) -> StopResponse:
+    """End the job cleanly, as `POST /v1/stop` does."""
+    return await stop.stop(svc)
 
 
 @router.post("/logout")
@@ -95,15 +89,3 @@ async def logout(request: Request, sessions: SessionsDep, response: Response) ->
         sessions.close(session)
     response.delete_cookie(sessions.cookie, path="/ui", httponly=True, samesite="strict")
     return PageAnswer(message="logged out")
-
-
-def _set_drained(svc: Services, hostname: str, drained: bool) -> None:
-    """Ask the driver; 503 when it cannot drain, 404 when the job knows no such host."""
-    if svc.set_drained is None:
-        raise HTTPException(
-            503, "this job cannot drain hosts (only an elastic job can: --min-np or discovery)"
-        )
-    if not svc.set_drained(hostname, drained):
-        status = svc.status()
-        known = ", ".join(h.hostname for h in status.hosts) or "none"
-        raise HTTPException(404, f"job {status.job_id} has no host {hostname} (hosts: {known})")
