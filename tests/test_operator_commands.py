@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from elastic.driver.cli.status_text import render
@@ -144,7 +145,14 @@ def test_status_of_a_memory_job_from_another_process(
     status = JobStatus.model_validate_json(as_json.stdout)
     assert status.urls is not None and status.urls.metrics.endswith("/metrics")
     assert sorted(w.rank for w in status.workers) == [0, 1]
-    assert token not in text.stdout + as_json.stdout
+    login = command(["status", "--login"], runtime)
+    said = r"(http://\S+/ui/login\?code=\S+) \(a one-time login link, for 10 minutes\)\n"
+    link = re.fullmatch(said, login.stdout)
+    assert link is not None, login
+    first, again = (httpx.get(link.group(1), timeout=10) for _ in range(2))
+    assert first.status_code == 200 and first.cookies  # the link opens a page session...
+    assert not again.cookies  # ...once
+    assert token not in text.stdout + as_json.stdout + login.stdout
     job.stop()
     assert token not in job.output
 

@@ -31,7 +31,7 @@ from elastic.driver.journal.etcd import EtcdBackend
 from elastic.driver.journal.record import JobSecret
 from elastic.protocol.env import AUTH_SCHEME
 from elastic.protocol.etcd import DriverAddress, EtcdOptions
-from elastic.protocol.http import DrainResponse, JobStatus, StopResponse
+from elastic.protocol.http import DrainResponse, JobStatus, LoginCode, StopResponse
 from elastic.protocol.pinning import pinned_ssl_context
 
 COMMANDS = ("status", "drain", "undrain", "stop")
@@ -86,6 +86,11 @@ def build_parser(command: str) -> argparse.ArgumentParser:
     if command == "status":
         parser.add_argument(
             "--json", action="store_true", help="print the job's status as JSON, URLs included"
+        )
+        parser.add_argument(
+            "--login",
+            action="store_true",
+            help="print a new one-time login link to the job's page instead (10 minutes)",
         )
     etcd = parser.add_argument_group(
         "jobs in etcd", "a job run with --backend etcd, from any host that reaches etcd"
@@ -146,6 +151,13 @@ def _status(args: argparse.Namespace, options: EtcdOptions | None) -> int:
         record = find_job(args.job_id)
         driver = Driver(record.job_id, record.urls.api, record.token,
                         record.tls_cert.encode() if record.tls_cert else None)  # fmt: skip
+    if args.login:
+        answer = driver.call("POST", "/v1/login-codes")
+        if answer.status_code not in (200, 201):
+            raise Unanswered(f"the driver of job {driver.job_id} answered {answer.status_code}")
+        code = LoginCode.model_validate_json(answer.content)
+        print(f"{code.url} (a one-time login link, for {code.expires_in / 60:.0f} minutes)")
+        return 0
     answer = driver.call("GET", "/v1/status")
     if answer.status_code != 200:
         raise Unanswered(f"the driver of job {driver.job_id} answered {answer.status_code}")
