@@ -469,7 +469,7 @@ def test_an_elastic_job_whose_command_does_not_exist_fails_in_one_line(
         env={"TMPDIR": str(tmp_path)},
     )
     assert job.finish(60) == (127 if durable else 1), job.output
-    errors = [line for line in job.stderr if line.startswith("elasticrun: ")]
+    errors = [line for line in job.stderr if re.match(r"(\S+ \S+Z )?elasticrun: ", line)]
     assert any("no-such-command-here" in line for line in errors), job.output
     assert "cooldown" not in job.output
     assert "Traceback" not in job.output

@@ -255,7 +255,7 @@ def test_output_sink_refuses_a_planted_rank_folder(tmp_path: Path) -> None:
     (tmp_path / "elsewhere").mkdir()
     (out / "rank.0").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(LaunchError, match=r"rank\.0 is a symbolic link"):
-        OutputSink(lambda: "0", "stdout", str(out), "rank.0")
+        OutputSink(lambda line: line, "stdout", str(out), "rank.0")
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
@@ -267,7 +267,7 @@ def test_folder_mode_has_the_x_bits_of_its_r_bits(file_mode: int, expected: int)
 
 
 def test_output_sink_with_a_shared_mode(tmp_path: Path) -> None:
-    sink = OutputSink(lambda: "0", "stdout", str(tmp_path / "out"), "rank.0", mode=0o640)
+    sink = OutputSink(lambda line: line, "stdout", str(tmp_path / "out"), "rank.0", mode=0o640)
     sink.close()
     assert mode_of(tmp_path / "out" / "rank.0") == 0o750
     assert mode_of(tmp_path / "out" / "rank.0" / "stdout") == 0o640

@@ -7,6 +7,7 @@ and the first failure ends it. An elastic job re-forms after every failure, join
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import secrets
@@ -43,6 +44,7 @@ from elastic.driver.launch.environment import WorkerEnvironments
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
 from elastic.driver.launch.staffing import Staffing, host_summary
+from elastic.driver.logs import LogTail, WorkerLines, tags
 from elastic.driver.observe.loop_lag import LoopLag
 from elastic.driver.observe.metrics import JobMetrics
 from elastic.driver.observe.timeline import RoundTimeline
@@ -120,6 +122,7 @@ class Job:
         self._endpoints: Endpoints | None = None
         self._environments: WorkerEnvironments | None = None  # once the endpoints serve
         self._loop_lag = LoopLag(clock=clock)
+        self._log_tail = LogTail()  # the launcher's newest lines, for `status()`
         self.metrics = JobMetrics(
             self.status, lambda: self._conductor.timeline.reforms, lambda: self._loop_lag.worst
         )
@@ -141,6 +144,7 @@ class Job:
         self._fleet = Fleet(
             self._hosts, self._reports, self._rendezvous.slot_of, log_root, settings.output_dir,
             settings.stop_grace, self._clock, job_id=self.job_id,
+            lines=WorkerLines(settings.log_format, self.current_round),
         )  # fmt: skip
         self._workers = self._fleet.workers
         elastic = self.elastic
@@ -175,6 +179,7 @@ class Job:
         self._result = asyncio.get_running_loop().create_future()
         started = self._clock()
         documents = await self._journal.claim()
+        logging.getLogger().addHandler(self._log_tail)  # every line the launcher shows
         try:
             code = await self._run(documents)
             log.info("%s", self._summary(code, self._clock() - started), extra={"event": "end"})
@@ -182,6 +187,7 @@ class Job:
         finally:
             await self._record_result()
             await self._journal.close()
+            logging.getLogger().removeHandler(self._log_tail)
 
     async def _run(self, documents: dict[str, bytes]) -> int:
         assert self._result is not None
@@ -266,7 +272,7 @@ class Job:
         self._rendezvous.close()  # workers re-joining now are told to leave
         if self._result is not None and not self._result.done():
             if message:
-                (log.error if code else log.info)("%s", message)
+                (log.error if code else log.info)("%s", message, extra=tags("end"))
             self._end_message = message or ""
             self._result.set_result(code)
 
@@ -317,7 +323,8 @@ class Job:
                 self.job_id,
                 " ".join(saved.settings.command),
             )
-        self._configure(saved.settings, saved.log_root)
+        mine = self.settings.log_format  # how this driver's lines look is its own choice
+        self._configure(dataclasses.replace(saved.settings, log_format=mine), saved.log_root)
         self._token, state = saved.token, saved.state
         self._fleet.serial = state.serial
         self._workers.update((w.worker_id, w) for w in saved.workers)
@@ -366,7 +373,7 @@ class Job:
         self._journal.save_soon()
         await self._staffing.start_all(workers)
         (log.info if self.elastic else log.debug)(
-            "round 1: %d worker(s) on %s", len(workers), host_summary(workers)
+            "round 1: %d worker(s) on %s", len(workers), host_summary(workers), extra=tags("round")
         )
 
     def _first_step(self, number: int, at: float) -> None:
@@ -392,6 +399,10 @@ class Job:
             + (f" ({causes})" if causes else "")
             + f", {steps} step(s)"
         )
+
+    def current_round(self) -> int | None:
+        """The job's round now, for log lines: None before the first is formed."""
+        return self._rendezvous.epoch or None
 
     @property
     def end_message(self) -> str:
@@ -446,4 +457,5 @@ class Job:
             rounds=self._conductor.timeline.records(),
             stall=self._conductor.stall,
             urls=urls_of(self._endpoints.url) if self._endpoints is not None else None,
+            log_tail=list(self._log_tail.lines),
         )

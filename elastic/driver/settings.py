@@ -14,6 +14,7 @@ from elastic.driver.discovery.cooldown import validate_cooldown_range
 from elastic.driver.discovery.hosts import MAX_SLOTS_PER_HOST, HostSpec
 from elastic.driver.errors import SettingsError, seconds
 from elastic.driver.launch.ssh import SshOptions
+from elastic.driver.logs import LOG_FORMATS
 from elastic.protocol.env import ETCD_PASSWORD, CheckpointSettings
 from elastic.protocol.etcd import EtcdOptions
 
@@ -117,6 +118,7 @@ class Settings:
     preemption_check_interval: float = 5.0
     stall_warning: float = 60.0  # seconds ranks wait in one collective before a stall line
     stall_timeout: float | None = None  # seconds after which the ranks behind have failed
+    log_format: str = "text"  # the launcher's lines: "text" for people, "json" a line each
 
     def __post_init__(self) -> None:
         """Raise `SettingsError` for no command, no -np outside elastic mode, a count or
@@ -145,3 +147,7 @@ class Settings:
                 raise SettingsError(f"-np {self.np} must lie between --min-np and --max-np")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SettingsError("--tls-cert and --tls-key go together")
+        if self.log_format not in LOG_FORMATS:
+            raise SettingsError(
+                f"--log-format must be {' or '.join(LOG_FORMATS)}, got {self.log_format!r}"
+            )

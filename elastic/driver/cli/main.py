@@ -28,6 +28,7 @@ from elastic.driver.discovery.hosts import HostSpec, parse_host_list, read_hostf
 from elastic.driver.errors import LaunchError, UsageError
 from elastic.driver.job import Job
 from elastic.driver.launch.ssh import SshOptions
+from elastic.driver.logs import LOG_FORMATS, HeldLines, launcher_formatter, tags
 from elastic.driver.server.tls import TlsIdentity
 from elastic.driver.settings import MAX_NP, ElasticSettings, Settings
 from elastic.protocol.env import CheckpointSettings
@@ -262,6 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_backend_flags(parser)
     parser.add_argument("--verbose", action="store_true", help="log the driver's decisions")
     parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="the launcher's lines: text (for people: a UTC timestamp, then 'elasticrun: ...'; "
+        "workers' lines '[rank]<stdout>:...') or json (one object a line: time, level, round, "
+        "rank, host, event, message; workers' lines also stream) (default text)",
+    )
+    parser.add_argument(
         "--config-file",
         metavar="FILE",
         help="YAML file of flags ('min-np: 2', a line each; horovodrun's sections are read where "
@@ -378,6 +387,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         preemption_check_interval=args.preemption_check_interval,
         stall_warning=args.stall_warning,
         stall_timeout=args.stall_timeout,
+        log_format=args.log_format,
     )
     if elastic is not None and elastic.discovery_script is not None:
         try:
@@ -433,8 +443,9 @@ def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
     return settings if elastic else None
 
 
-async def _run(settings: Settings) -> int:
+async def _run(settings: Settings, console: logging.Handler) -> int:
     job = Job.from_settings(settings)
+    console.setFormatter(launcher_formatter(settings.log_format, job.current_round))
     if settings.backend.durable:
         log.info("job %s (state in etcd)", job.job_id)
     loop = asyncio.get_running_loop()
@@ -444,20 +455,37 @@ async def _run(settings: Settings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(format="elasticrun: %(message)s", level=logging.WARNING)
+    """Run the launcher (or a job command: `elasticrun status`, ...) and return its exit
+    code. The launcher's lines go to stderr, timestamped, in --log-format once the flags are
+    read; a refused command line, or a job that cannot start, is one `elasticrun: error: ...`
+    line (a JSON object with --log-format json, for a job that cannot start)."""
+    console = logging.StreamHandler()  # stderr
+    console.setFormatter(launcher_formatter("text"))
+    logging.basicConfig(handlers=[console], level=logging.WARNING)
     log.setLevel(logging.INFO)  # epochs, launches and leaves; --verbose adds the details
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in COMMANDS:
         return job_command_main(argv[0], argv[1:])
+    held = HeldLines(log)  # warnings about the flags wait for --log-format
     try:
         settings = parse_settings(argv)
-        if settings.verbose:
-            log.setLevel(logging.DEBUG)
-        code = asyncio.run(_run(settings))
+        console.setFormatter(launcher_formatter(settings.log_format))
+    except UsageError as err:
+        held.show()
+        print(f"elasticrun: error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        held.show()
+    if settings.verbose:
+        log.setLevel(logging.DEBUG)
+    try:
+        return asyncio.run(_run(settings, console))
     except UsageError as err:
         print(f"elasticrun: error: {err}", file=sys.stderr)
         return 2
     except LaunchError as err:
-        print(f"elasticrun: error: {err}", file=sys.stderr)
+        if settings.log_format == "json":
+            log.error("error: %s", err, extra=tags("end"))
+        else:
+            print(f"elasticrun: error: {err}", file=sys.stderr)
         return 1
-    return code

@@ -21,6 +21,7 @@ from elastic.driver.launch.detached import (
 from elastic.driver.launch.follower import OutputFollower
 from elastic.driver.launch.host_access import HostAccess
 from elastic.driver.launch.output import OutputSink, pump
+from elastic.driver.logs import WorkerLines
 from elastic.driver.reports import Reports, WorkerExited
 from elastic.driver.workers import Worker, stop_workers
 from elastic.protocol.http import SlotInfo
@@ -53,9 +54,11 @@ class Fleet:
         clock: Callable[[], float] = time.monotonic,
         *,
         job_id: str,
+        lines: WorkerLines | None = None,
     ) -> None:
         """`log_root`: where this host's detached workers write (`job_id` names the folders
-        of remote ones, on their hosts)."""
+        of remote ones, on their hosts); `lines`: how their output lines are shown (default:
+        Horovod's `[rank]<stdout>:line`)."""
         self.workers: dict[str, Worker] = {}
         self._job_id = job_id
         self.serial = 0  # the number the last new worker got
@@ -65,6 +68,7 @@ class Fleet:
         self._hosts = hosts
         self._output_dir = output_dir
         self._stop_grace = stop_grace
+        self._lines = lines or WorkerLines()
         self._clock = clock
         self._follower = OutputFollower()  # detached workers' output files, all of them
         self._pumps: list[asyncio.Future[None]] = []
@@ -185,28 +189,29 @@ class Fleet:
         await asyncio.gather(*self._pumps, return_exceptions=True)
         await self._follower.close()
 
-    def _label(self, worker: Worker) -> Callable[[], str]:
-        """The output tag of `worker`: its rank now, else the last rank it had, else its id."""
-        last = worker.worker_id
+    def _rank(self, worker: Worker) -> Callable[[], int | None]:
+        """The rank `worker`'s output is shown with: its rank now, else the last it had."""
+        last = None
 
-        def label() -> str:
+        def rank() -> int | None:
             nonlocal last
             slot = self._slot_of(worker.worker_id)
             if slot is not None:
-                last = str(slot.rank)
+                last = slot.rank
             return last
 
-        return label
+        return rank
 
     def _watch(self, worker: Worker) -> None:
         # Its folder under --output-filename: named after its first rank, else its number.
         slot = self._slot_of(worker.worker_id)
         folder = f"rank.{slot.rank}" if slot is not None else f"worker.{worker.serial}"
-        label = self._label(worker)
+        rank = self._rank(worker)
         process = worker.process
         assert process is not None
         for stream in ("stdout", "stderr"):
-            sink = OutputSink(label, stream, self._output_dir, folder)
+            shape = self._lines.shaper(stream, rank, worker.hostname, worker.worker_id)
+            sink = OutputSink(shape, stream, self._output_dir, folder)
             offset, count = worker.offsets.get(stream, 0), self._counter(worker, stream)
             if process.log_dir is not None:  # detached here: its files
                 source = self._follower.add(

@@ -35,8 +35,10 @@ class LineSink(Protocol):
 
 
 class OutputSink(LineSink):
-    """Writes one worker's stream to the console as `[label]<stdout>:line`, where `label()` is
-    the worker's current rank, and, with a directory, raw lines to `DIR/<name>/<stream>`.
+    """Writes one worker's stream to the launcher's (stdout to stdout, stderr to stderr) as
+    `shape(line)` makes it (Horovod's `[rank]<stdout>:line`, or a JSON object: see
+    `elastic.driver.logs.WorkerLines`) and, with a directory, raw lines to
+    `DIR/<name>/<stream>`.
 
     The file is private unless `mode` says otherwise: created (or re-opened) with `mode`
     (default 0600), in a folder `DIR/<name>` with the matching x bits (0700 for 0600, 0750
@@ -47,14 +49,13 @@ class OutputSink(LineSink):
 
     def __init__(
         self,
-        label: Callable[[], str],
+        shape: Callable[[bytes], bytes],
         stream: str,
         directory: str | None,
         name: str,
         mode: int = PRIVATE_FILE,
     ) -> None:
-        self._label = label
-        self._tag = f"<{stream}>:".encode()
+        self._shape = shape
         self._console: BinaryIO = (sys.stdout if stream == "stdout" else sys.stderr).buffer
         self._file: BinaryIO | None = None
         if directory is not None:
@@ -70,7 +71,7 @@ class OutputSink(LineSink):
     def write_line(self, line: bytes) -> None:
         if not line.endswith(b"\n"):
             line += b"\n"
-        self._console.write(b"[" + self._label().encode() + b"]" + self._tag + line)
+        self._console.write(self._shape(line))
         self._console.flush()
         if self._file is not None:
             self._file.write(line)

@@ -41,12 +41,13 @@ def describe_job(
     rounds: Iterable[RoundRecord] = (),
     stall: StallReport | None = None,
     urls: DriverUrls | None = None,
+    log_tail: Iterable[str] = (),
 ) -> JobStatus:
     """The status of job `job_id`: its round, its usable `hosts`, every worker launched (rank
     and local rank in the current round, if a member; its progress, with ages as of `now` on
-    the driver's monotonic clock), its newest `decisions`, its `rounds` and `stall`, and its
-    durable commits when there is a `checkpoint_dir` or a worker wrote one (a state given
-    its own directory)."""
+    the driver's monotonic clock), its newest `decisions`, its `rounds` and `stall`, the
+    launcher's newest lines (`log_tail`, oldest first), and its durable commits when there is
+    a `checkpoint_dir` or a worker wrote one (a state given its own directory)."""
     statuses = []
     workers = list(workers)
     newest = max((w.durable for w in workers), default=0)
@@ -80,6 +81,7 @@ def describe_job(
         rounds=list(rounds),
         stall=stall,
         urls=urls,
+        log_tail=list(log_tail),
     )
 
 
