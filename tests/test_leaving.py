@@ -68,7 +68,7 @@ def test_a_member_without_a_commit_goes_at_once() -> None:
     job = view(worker("r0", M), members=("r0",))
     assert leave(job, "r0", WHY).actions == (
         LetGo("r0", WHY),
-        Log("info", f"rank 0 on host a leaves the job: {WHY}"),
+        Log("info", f"rank 0 on host a leaves the job: {WHY}", "leave", "r0"),
         Reform(f"rank 0 on host a leaves: {WHY}", False, Cause.LEAVE),
     )
 
@@ -78,7 +78,7 @@ def test_a_member_handing_over_says_so_and_looks_for_a_holder() -> None:
     assert leave(job, "r0", WHY).actions == (
         HandOver("r0", WHY),
         Log("info", f"rank 0 on host a leaves the job ({WHY}) once another worker holds its "
-            "state (commit 5)"),
+            "state (commit 5)", "leave", "r0"),
         SeeHandovers(),
     )  # fmt: skip
 
@@ -149,7 +149,12 @@ def test_a_leaver_goes_with_a_warning_when_no_worker_can_be_launched(hosts, phas
             "worker can be started to take it over",
         ),
         LetGo("r0", "SIGTERM; nobody can take its state over"),
-        Log("info", "rank 0 on host a leaves the job: SIGTERM; nobody can take its state over"),
+        Log(
+            "info",
+            "rank 0 on host a leaves the job: SIGTERM; nobody can take its state over",
+            "leave",
+            "r0",
+        ),
         Reform(
             "rank 0 on host a leaves: SIGTERM; nobody can take its state over", False, Cause.LEAVE
         ),

@@ -56,7 +56,7 @@ def test_a_killed_member_breaks_its_round_cools_its_host_and_the_job_re_forms() 
     assert decision.reason == line
     assert decision.actions == (
         MarkEnded("r0", failed=True),
-        Log("error", line),
+        Log("error", line, "failure", "r0"),
         CoolDown("a", "was killed by signal SIGKILL (exit code -9)"),
         BreakRound(3, line),
         Reform(line, True, Cause.FAILURE),

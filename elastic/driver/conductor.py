@@ -20,6 +20,7 @@ from elastic.driver.journal.memory import MemoryKeyValueStore
 from elastic.driver.journal.resume import Tally
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.staffing import Staffing
+from elastic.driver.logs import tags
 from elastic.driver.observe.stalls import RankActivity, find_stall
 from elastic.driver.observe.timeline import RoundTimeline
 from elastic.driver.policy import leaving, reachability
@@ -177,7 +178,8 @@ class Conductor:
             slots = {name: resized[name] for name in report.change.resized}
             self.apply(policy.hosts_resized(self.view(), slots))
             if report.change.added:
-                log.info("hosts available: %s", ", ".join(report.change.added))
+                log.info("hosts available: %s", ", ".join(report.change.added),
+                         extra={"event": "join"})  # fmt: skip
             self._scale()
 
     def _on_drain(self, hostname: str, drained: bool) -> None:
@@ -288,7 +290,7 @@ class Conductor:
         elif isinstance(action, policy.Finish):
             self._finish(action.code, action.message or None)
         elif isinstance(action, policy.Log):
-            getattr(log, action.level)("%s", action.line)
+            getattr(log, action.level)("%s", action.line, extra=self._tags(action))
         elif isinstance(action, policy.ShowProgress):
             if self._clock() - self._last_progress >= PROGRESS_EVERY:
                 self._last_progress = self._clock()
@@ -428,6 +430,13 @@ class Conductor:
             behind = {m.rank for m in stall.missing}
             ids = [w for w, slot in self._rendezvous.slots.items() if slot.rank in behind]
             self.apply(on_workers.stalled(self.view(), ids, stall.line, now))
+
+    def _tags(self, line: policy.Log) -> dict[str, Any]:
+        """The `extra=` of a policy's `line`: its event, and the rank and host of its worker."""
+        worker = self._workers.get(line.worker_id)
+        slot = self._rendezvous.slot_of(line.worker_id) if worker is not None else None
+        host = worker.hostname if worker is not None else None
+        return tags(line.event, rank=slot.rank if slot is not None else None, host=host)
 
     def _where(self, worker_id: str) -> str:
         return self.view().where(self._workers[worker_id])

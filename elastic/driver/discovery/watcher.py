@@ -153,4 +153,5 @@ def _say_notice(hostname: str, at: float, now: float, source: str) -> None:
         hostname,
         when,
         source,
+        extra={"event": "leave", "host": hostname},
     )

@@ -58,7 +58,8 @@ class Staffing:
             if not self._elastic or self._hosts.is_local(worker.hostname):
                 raise
             worker.state = WorkerState.FAILED
-            log.error("cannot start a worker on host %s: %s", worker.hostname, err)
+            log.error("cannot start a worker on host %s: %s", worker.hostname, err,
+                      extra={"event": "failure", "host": worker.hostname})  # fmt: skip
             self._host_failed(worker.hostname, str(err))
 
     async def start_all(self, workers: Sequence[Worker]) -> None:
@@ -87,7 +88,8 @@ class Staffing:
             await self.start(worker)
             started.append(worker)
         if started:
-            log.info("launched %d worker(s) on %s", len(started), host_summary(started))
+            log.info("launched %d worker(s) on %s", len(started), host_summary(started),
+                     extra={"event": "launch"})  # fmt: skip
         return started
 
 

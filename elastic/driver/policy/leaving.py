@@ -56,7 +56,10 @@ def leave(view: JobView, worker_id: str, why: str, cause: Cause = Cause.LEAVE) -
         f"{view.where(worker)} leaves the job ({why}) once another worker holds its state "
         f"(commit {worker.commit})"
     )
-    return Decision((HandOver(worker_id, why, cause), Log("info", line), SeeHandovers()), reason)
+    return Decision(
+        (HandOver(worker_id, why, cause), Log("info", line, "leave", worker_id), SeeHandovers()),
+        reason,
+    )
 
 
 def asked(view: JobView, worker: Worker, reason: str) -> Decision:
@@ -78,7 +81,8 @@ def let_go(view: JobView, worker: Worker, why: str, cause: Cause) -> tuple[Actio
     without it."""
     where = view.where(worker)
     reform = (Reform(f"{where} leaves: {why}", False, cause),) if view.elastic else ()
-    return (LetGo(worker.worker_id, why), Log("info", f"{where} leaves the job: {why}"), *reform)
+    said = Log("info", f"{where} leaves the job: {why}", "leave", worker.worker_id)
+    return (LetGo(worker.worker_id, why), said, *reform)
 
 
 def handovers(view: JobView, hosts: Sequence[HostSpec]) -> Decision:

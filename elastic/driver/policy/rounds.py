@@ -124,10 +124,13 @@ class Finish:
 
 @dataclass(frozen=True)
 class Log:
-    """Tell the user `line` at `level` ("info", "warning" or "error")."""
+    """Tell the user `line` at `level` ("info", "warning" or "error"); it reports `event` (see
+    `elastic.driver.logs.tags`), about the worker `worker_id` if one is named."""
 
     level: str
     line: str
+    event: str = "log"
+    worker_id: str = ""
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,11 @@ def failed(view: JobView, worker: Worker, reason: str, now: float) -> Decision:
     if view.elastic is None:
         message = f"{line}; stopping the other workers"
         return Decision((dead, Finish(worker.exit_code or 1, message)), message)
-    actions: list[Action] = [dead, Log("error", line), CoolDown(worker.hostname, reason)]
+    actions: list[Action] = [
+        dead,
+        Log("error", line, "failure", worker.worker_id),
+        CoolDown(worker.hostname, reason),
+    ]
     if not view.phase.forms_rounds:
         return Decision((*actions, SeeIfEnded()), line)
     if worker.worker_id in view.slots:

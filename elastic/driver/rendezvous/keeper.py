@@ -103,7 +103,8 @@ class RoundKeeper:
             heard = set(told)
             self._channels.send(held, [w for w in self._alive() if w not in heard])
         summary = host_summary([workers[w] for w in members])
-        log.info("round %d: %d worker(s) on %s (%s)", number, len(members), summary, why)
+        log.info("round %d: %d worker(s) on %s (%s)", number, len(members), summary, why,
+                 extra={"event": "round"})  # fmt: skip
         return number
 
     def break_round(self, number: int, why: str) -> None:
