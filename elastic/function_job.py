@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any, TextIO
 
 from elastic.driver.errors import UsageError
+from elastic.driver.logs import launcher_line
 from elastic.errors import ElasticError
 from elastic.function_worker import FUNCTION_FILE, dumps
 
@@ -144,13 +145,13 @@ def _run_launcher(argv: list[str]) -> tuple[int, list[str]]:
 
 def _copy(source: IO[str] | None, target: TextIO, said: collections.deque[str] | None) -> None:
     """Copy `source` line by line to `target` (flushed: a notebook shows it at once), keeping
-    the launcher's own lines in `said`."""
+    the launcher's own lines in `said` (as `elasticrun: message`, without a timestamp)."""
     assert source is not None
     for line in source:
         target.write(line)
         target.flush()
-        if said is not None and line.startswith("elasticrun: "):
-            said.append(line.rstrip("\n"))
+        if said is not None and (own := launcher_line(line.rstrip("\n"))) is not None:
+            said.append(own)
 
 
 def _outcome(directory: str, code: int, said: list[str]) -> list[Any]:

@@ -24,6 +24,7 @@ from elastic.driver.logs import (
     LogTail,
     TextFormatter,
     WorkerLines,
+    launcher_line,
     tags,
     utc_time,
 )
@@ -298,3 +299,14 @@ def test_held_lines_wait_and_come_out_once_in_the_format_chosen_meanwhile() -> N
     finally:
         held.show()
     assert [json.loads(line)["message"] for line in shown.lines] == ["early", "later"]
+
+
+def test_the_launchers_own_lines_are_told_from_workers_lines_in_either_format() -> None:
+    stamped = "2026-09-21 14:13:20.250Z elasticrun: round 2: 3 worker(s)"
+    assert launcher_line(stamped) == "elasticrun: round 2: 3 worker(s)"
+    assert launcher_line("elasticrun: error: bad flag") == "elasticrun: error: bad flag"
+    own = JsonFormatter(lambda: 2).format(a_record("round 2: 3 worker(s)"))
+    assert launcher_line(own) == "elasticrun: round 2: 3 worker(s)"
+    worker = WorkerLines("json").shaper("stdout", lambda: 0, "h", "w")(b"elasticrun: no\n")
+    for line in ("[0]<stdout>:elasticrun: no", worker.decode().rstrip("\n"), "{not json", "x"):
+        assert launcher_line(line) is None, line

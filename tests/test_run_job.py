@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,6 +43,14 @@ def fail_on_rank_one() -> int:
     if rank == 1:
         raise KeyError("rank one's own failure")
     return rank
+
+
+def exit_3_on_rank_one() -> int:
+    """Rank 1 ends its process with code 3, leaving no traceback; rank 0 waits to be stopped."""
+    if int(os.environ["ELASTIC_RANK"]) == 1:
+        os._exit(3)
+    time.sleep(120)
+    return 0
 
 
 def lose_a_worker_once(marker: str) -> tuple[int, int, int]:
@@ -100,6 +109,18 @@ def test_a_failing_rank_raises_in_the_caller_with_its_traceback() -> None:
     assert 'KeyError: "rank one\'s own failure"' in raised.value.tracebacks[1]
     assert "rank 1 raised" in str(raised.value) and "fail_on_rank_one" in str(raised.value)
     assert raised.value.exit_code == 1
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_job_failing_without_a_traceback_is_told_by_the_launchers_last_line(
+    log_format: str,
+) -> None:
+    with pytest.raises(elastic.JobFailedError) as raised:
+        elastic.run_job(exit_3_on_rank_one, np=2, log_format=log_format)
+    assert raised.value.exit_code == 3
+    said = str(raised.value)
+    assert re.fullmatch(r"the job failed with exit code 3: elasticrun: job \S+ ended with exit "
+                        r"code 3 after .*", said), said  # fmt: skip
 
 
 def test_flags_the_launcher_refuses_raise_a_usage_error_with_its_message() -> None:

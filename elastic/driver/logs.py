@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from typing import Any
 
 LOG_FORMATS = ("text", "json")
 TAIL_LINES = 200  # lines `LogTail` keeps by default
+
+_TEXT_LINE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}Z )?elasticrun: ")
 
 RoundNow = Callable[[], int | None]  # the job's current round; None before the first
 RankNow = Callable[[], int | None]  # a worker's rank now (or the last it had); None if none
@@ -40,6 +43,22 @@ def utc_time(created: float, separator: str = "T") -> str:
     millis = min(999, int((created - seconds) * 1000))
     day_and_time = time.strftime(f"%Y-%m-%d{separator}%H:%M:%S", time.gmtime(seconds))
     return f"{day_and_time}.{millis:03d}Z"
+
+
+def launcher_line(line: str) -> str | None:
+    """`elasticrun: message` when `line` (as printed, without its newline) is one of the
+    launcher's own lines, in either format, its timestamp left out; None for a worker's."""
+    if match := _TEXT_LINE.match(line):
+        return line[len(match.group(1) or "") :]
+    if not line.startswith("{"):
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or "stream" in record or "message" not in record:
+        return None
+    return f"elasticrun: {record['message']}"
 
 
 def tags(event: str, *, rank: int | None = None, host: str | None = None) -> dict[str, Any]:
