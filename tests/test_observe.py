@@ -180,9 +180,9 @@ def test_the_exposition_parses_and_holds_what_an_operator_reads() -> None:
             line="stall",
         ),
     )
-    metrics = JobMetrics(lambda: status, lambda: {"failure": 2, "join": 1}, lambda: 0.004)
+    metrics = JobMetrics()
     metrics.recovered("noticed_to_formed", 0.07)
-    text = metrics.exposition().decode()
+    text = metrics.exposition(status, {"failure": 2, "join": 1}, 0.004).decode()
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)

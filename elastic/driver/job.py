@@ -123,9 +123,7 @@ class Job:
         self._environments: WorkerEnvironments | None = None  # once the endpoints serve
         self._loop_lag = LoopLag(clock=clock)
         self._log_tail = LogTail()  # the launcher's newest lines, for `status()`
-        self.metrics = JobMetrics(
-            self.status, lambda: self._conductor.timeline.reforms, lambda: self._loop_lag.worst
-        )
+        self.metrics = JobMetrics()
         self._given = (hosts, discovery, launcher)
         self._configure(settings, default_log_root(self.job_id))
 
@@ -207,7 +205,7 @@ class Job:
             self._token, self._kv, self._rendezvous, self.status, durable=self._journal.flush,
             newest_commit=lambda: self._conductor.tally.newest_commit,
             keys_lost=lambda number: self._reports.put_nowait(KeysLost(number)),
-            metrics=self.metrics.exposition, set_drained=self.set_drained,
+            metrics=self._scrape, set_drained=self.set_drained,
             stop_job=lambda: self._reports.put_nowait(StopAsked()),
         )  # fmt: skip
         inputs = WorkerInputs(
@@ -375,6 +373,13 @@ class Job:
         (log.info if self.elastic else log.debug)(
             "round 1: %d worker(s) on %s", len(workers), host_summary(workers), extra=tags("round")
         )
+
+    async def _scrape(self) -> bytes:
+        """A scrape's answer: the job's state is read on the event loop, the text is made off
+        it (a job of thousands of workers has a long one)."""
+        status, reforms = self.status(), dict(self._conductor.timeline.reforms)
+        lag = self._loop_lag.worst
+        return await asyncio.to_thread(self.metrics.exposition, status, reforms, lag)
 
     def _first_step(self, number: int, at: float) -> None:
         self._conductor.timeline.first_step(number, at)

@@ -1,14 +1,15 @@
-"""The driver's Prometheus metrics: one registry per job, read at scrape time.
+"""The driver's Prometheus metrics, made at scrape time from a snapshot of the job.
 
-Gauges come from the job's status when a scrape asks (nothing is kept up to date between
-scrapes, so an unscraped job pays nothing); the re-form counter and the recovery histogram
-are fed as rounds form. Names and labels are listed in the README ("Metrics"). Nothing here
-is secret: no token, no command line, no environment.
+Gauges come from the job's status taken when a scrape asks (nothing is kept up to date
+between scrapes, so an unscraped job pays nothing), and the text is made from that snapshot
+off the event loop; the recovery histogram is fed as rounds form. Names and labels are
+listed in the README ("Metrics"). Nothing here is secret: no token, no command line, no
+environment.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -27,22 +28,25 @@ def _labels(worker: WorkerStatus) -> list[str]:
     return [rank, worker.hostname, worker.worker_id.rpartition("#")[2]]
 
 
-class _JobCollector(Collector):
-    """Gauges and counters built from the job's state at each scrape."""
+class _Snapshot(Collector):
+    """Gauges and counters of one snapshot of the job, then the registry's metrics."""
 
     def __init__(
         self,
-        status: Callable[[], JobStatus],
-        reforms: Callable[[], Mapping[str, int]],
-        loop_lag: Callable[[], float],
+        status: JobStatus,
+        reforms: Mapping[str, int],
+        loop_lag: float,
+        registry: CollectorRegistry,
     ) -> None:
         self._status, self._reforms, self._loop_lag = status, reforms, loop_lag
-
-    def describe(self) -> list[Metric]:
-        return []  # built at each scrape; nothing to check for clashes ahead of time
+        self._registry = registry
 
     def collect(self) -> Iterator[Metric]:
-        status = self._status()
+        yield from self._job()
+        yield from self._registry.collect()
+
+    def _job(self) -> Iterator[Metric]:
+        status = self._status
         info = GaugeMetricFamily("elasticrun_job_info", "The job (value 1)", labels=["job_id"])
         info.add_metric([status.job_id], 1)
         yield info
@@ -59,7 +63,7 @@ class _JobCollector(Collector):
         reforms = CounterMetricFamily(
             "elasticrun_reforms", "Rounds formed after the first, by cause", labels=["cause"]
         )
-        for cause, count in sorted(self._reforms().items()):
+        for cause, count in sorted(self._reforms.items()):
             reforms.add_metric([cause], count)
         yield reforms
         yield from self._per_worker(status)
@@ -77,7 +81,7 @@ class _JobCollector(Collector):
         yield GaugeMetricFamily(
             "elasticrun_event_loop_lag_seconds",
             "The driver's event loop's worst lag over the last 10 s",
-            self._loop_lag(),
+            self._loop_lag,
         )
 
     @staticmethod
@@ -119,16 +123,11 @@ class _JobCollector(Collector):
 
 
 class JobMetrics:
-    """The job's registry: `exposition()` is a scrape's answer body (`CONTENT_TYPE`)."""
+    """The job's metrics: `exposition(...)` is a scrape's answer body (`CONTENT_TYPE`)."""
 
     CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-    def __init__(
-        self,
-        status: Callable[[], JobStatus],
-        reforms: Callable[[], Mapping[str, int]],
-        loop_lag: Callable[[], float],
-    ) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._recovery = Histogram(
             "elasticrun_recovery_seconds",
@@ -139,11 +138,13 @@ class JobMetrics:
             buckets=RECOVERY_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(_JobCollector(status, reforms, loop_lag))
 
     def recovered(self, leg: str, seconds: float) -> None:
         """One leg of a recovery took `seconds` (see `timeline`'s leg names)."""
         self._recovery.labels(leg).observe(seconds)
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, status: JobStatus, reforms: Mapping[str, int], loop_lag: float) -> bytes:
+        """The text of a scrape: `status` (a snapshot, not changed meanwhile), re-forms by
+        cause, the event loop's lag, and the recovery histogram. Safe to call off the event
+        loop (the histogram locks its own values)."""
+        return generate_latest(_Snapshot(status, reforms, loop_lag, self.registry))  # type: ignore[arg-type]

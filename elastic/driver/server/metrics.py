@@ -17,4 +17,4 @@ router = APIRouter(tags=["metrics"])
 async def metrics(svc: ServicesDep) -> Response:
     if svc.metrics is None:
         raise HTTPException(404, "this driver serves no metrics")
-    return Response(svc.metrics(), media_type=JobMetrics.CONTENT_TYPE)
+    return Response(await svc.metrics(), media_type=JobMetrics.CONTENT_TYPE)

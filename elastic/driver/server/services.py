@@ -24,7 +24,7 @@ class Services:
     """A worker waits for a key of round `number`, the round this driver took up from an
     earlier one, that this driver does not hold: the ranks were forming that round's group
     when the earlier driver died, and the keys it held are gone."""
-    metrics: Callable[[], bytes] | None = None
+    metrics: Callable[[], Awaitable[bytes]] | None = None
     """The Prometheus exposition of the job's metrics, served without the token."""
     set_drained: Callable[[str, bool], str] | None = None
     """Drain (True) or undrain (False) a host by name; returns the line to answer with.
