@@ -70,7 +70,7 @@ sys.exit(int(sys.argv[2]))
 
 
 def saved_workers(etcd: EtcdServer, job_id: str) -> list[dict]:
-    return json.loads(status(etcd, job_id, "--json").stdout)["state"]["workers"]
+    return json.loads(status(etcd, job_id, "--json", "--saved").stdout)["state"]["workers"]
 
 
 def shown(job: RunningJob, rank: int, stream: str = "stdout") -> list[str]:
