@@ -89,8 +89,7 @@ def test_a_failure_round_measures_both_recovery_legs_once() -> None:
 
 
 def _rank(rank: int, kind: str = "", seq: int = 0, blocked: float | None = None, steps: int = 9):
-    collective = CollectiveStatus(seq=seq, kind=kind, blocked_for=blocked) if seq else None
-    return RankActivity(rank, f"h{rank}", collective, steps)
+    return RankActivity(rank, f"h{rank}", seq, kind, blocked, steps)
 
 
 def test_a_stall_names_the_ranks_behind_and_what_each_does() -> None:

@@ -54,6 +54,7 @@ log = logging.getLogger("elasticrun")
 
 DECISIONS_KEPT = 50  # the newest decisions `/v1/status` shows
 PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
+STALL_LOOK_EVERY = 1.0  # seconds between two looks for a stall
 # Heartbeat intervals (and at least `UNREACHABLE_SETTLE_FLOOR` s) between a round's first
 # unreachability report and the decision: its members probe at about the same time (blocked
 # in the same collective), but a probe over a slow link takes longer; a decision on the
@@ -105,6 +106,7 @@ class Conductor:
         self.decisions: deque[DecisionRecord] = deque(maxlen=DECISIONS_KEPT)
         self.timeline = timeline or RoundTimeline(clock)
         self.stall: StallReport | None = None
+        self._stall_looked = float("-inf")  # when `_look_for_stall` last looked
         self._wanted_causes: list[Cause] = []  # of the round wanted next, in order
         self._short_since: float | None = None  # when the SHORT phase began
         self._failure_reported: set[int] = set()  # rounds a member said failed, unseen here
@@ -409,16 +411,26 @@ class Conductor:
             self._reform("a worker reported a failed collective", broken=True)
 
     def _look_for_stall(self, now: float) -> None:
-        """Find the current round's stall; log it once (and again when it changes); past
-        --stall-timeout, the ranks behind have failed."""
+        """Find the current round's stall, at most once every `STALL_LOOK_EVERY` s (it reads
+        every member); log it once (and again when it changes); past --stall-timeout, the
+        ranks behind have failed."""
+        if now - self._stall_looked < STALL_LOOK_EVERY:
+            return
+        self._stall_looked = now
         number = self._rendezvous.epoch
         members = []
         for worker_id, slot in self._rendezvous.slots.items():
             progress = self._workers[worker_id].progress
-            current = progress.activity is not None and progress.round == number
-            collective = progress.collective(now) if current else None
-            steps = progress.activity.steps if progress.activity is not None else 0
-            members.append(RankActivity(slot.rank, slot.hostname, collective, steps))
+            activity = progress.activity
+            if activity is None or progress.round != number:
+                steps = activity.steps if activity is not None else 0
+                members.append(RankActivity(slot.rank, slot.hostname, 0, "", None, steps))
+                continue
+            blocked = progress.age(activity.blocked_for, now)
+            members.append(
+                RankActivity(slot.rank, slot.hostname, activity.seq, activity.kind, blocked,
+                             activity.steps)
+            )  # fmt: skip
         stall = find_stall(number, members, self._settings.stall_warning)
         previous, self.stall = self.stall, stall
         if stall is None:

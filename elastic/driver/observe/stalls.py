@@ -14,20 +14,23 @@ from dataclasses import dataclass
 from elastic.protocol.http import CollectiveStatus, StalledRank, StallReport
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankActivity:
-    """What one member of the round is doing, as the driver knows it."""
+    """What one member of the round is doing, as the driver knows it: the collective it
+    issued last in the round (`seq` 0: none yet) and how long it has waited in it (None:
+    it is not waiting), and its optimizer steps."""
 
     rank: int
     hostname: str
-    collective: CollectiveStatus | None  # None: it issued none in this round yet
+    seq: int
+    kind: str
+    blocked_for: float | None
     steps: int
 
 
 def _doing(member: RankActivity) -> str:
-    collective = member.collective
-    if collective is not None and collective.blocked_for is not None:
-        return f"in {collective.kind} #{collective.seq}"
+    if member.seq and member.blocked_for is not None:
+        return f"in {member.kind} #{member.seq}"
     return f"not in a collective, last step {member.steps}"
 
 
@@ -36,22 +39,19 @@ def find_stall(round_: int, members: Sequence[RankActivity], warning: float) -> 
     waited `warning` seconds or more while some members are not in it; else None."""
     groups: dict[tuple[int, str], list[RankActivity]] = {}
     for member in members:
-        collective = member.collective
-        if collective is not None and collective.blocked_for is not None:
-            groups.setdefault((collective.seq, collective.kind), []).append(member)
+        if member.seq and member.blocked_for is not None:
+            groups.setdefault((member.seq, member.kind), []).append(member)
     if not groups:
         return None
 
     def weight(key: tuple[int, str]) -> tuple[int, float]:
         waiting = groups[key]
-        return len(waiting), max(m.collective.blocked_for or 0.0 for m in waiting)  # type: ignore[union-attr]
+        return len(waiting), max(m.blocked_for or 0.0 for m in waiting)
 
     key = max(groups, key=weight)
     waiting = groups[key]
     seconds = weight(key)[1]
-    missing = [
-        m for m in members if m.collective is None or (m.collective.seq, m.collective.kind) != key
-    ]
+    missing = [m for m in members if not m.seq or (m.seq, m.kind) != key]
     if seconds < warning or not missing:
         return None
     seq, kind = key
