@@ -158,12 +158,16 @@ def test_a_peer_that_dies_while_the_ranks_connect_fails_the_group_within_the_con
 
 
 def _member_of_three(store_path: str, rank: int, result: multiprocessing.Queue) -> None:
-    """Form a 3-rank group with the default connection timeout; report how it ended."""
+    """Form a 3-rank group with the default connection timeout, then, a second later, all-reduce
+    a one; report how it ended: the all-reduce's sum, or the error that ended it."""
     started = time.monotonic()
     try:
         store = PatientStore(store_path, floor=timedelta(seconds=12))
         create_group(store, rank, 3, CPU, timedelta(seconds=60))
-        result.put((rank, "formed", time.monotonic() - started))
+        time.sleep(1)  # the test's kill comes first
+        tensor = torch.ones(1)
+        dist.all_reduce(tensor)
+        result.put((rank, f"summed {tensor.item()}", time.monotonic() - started))
     except Exception as err:  # reported to the test
         result.put((rank, repr(err), time.monotonic() - started))
     finally:
@@ -177,7 +181,9 @@ def test_a_peer_gone_while_three_ranks_connect_holds_the_others_ten_seconds_at_m
     connection timeouts (Gloo's side waiting for a peer to connect in waits that long; at the
     former 10 s timeout that was 50 s), or at once when their connection is refused. A store
     wait for a key the dead rank never wrote ends at the store's 12 s here; a `DriverStore`
-    ends it with `EpochSuperseded` when the next round forms."""
+    ends it with `EpochSuperseded` when the next round forms. A rank whose connections all
+    completed before the kill has formed the group; its first all-reduce fails instead, as
+    fast."""
     context = multiprocessing.get_context("spawn")
     path = str(tmp_path / "epoch-1")
     result: multiprocessing.Queue = context.Queue()
@@ -195,7 +201,7 @@ def test_a_peer_gone_while_three_ranks_connect_holds_the_others_ten_seconds_at_m
         ended = sorted(result.get(timeout=60) for _ in range(2))
         assert [rank for rank, _, _ in ended] == [0, 2]
         for rank, how, took in ended:
-            assert how != "formed", f"rank {rank} formed a group with a dead peer"
+            assert not how.startswith("summed"), f"rank {rank} all-reduced with a dead peer"
             assert took < 5 * CONNECT_TIMEOUT.total_seconds() + 5, (rank, how, took)
     finally:
         for member in members:
