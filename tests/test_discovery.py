@@ -126,6 +126,7 @@ def test_no_hosts_is_a_valid_answer(tmp_path: Path) -> None:
         ("a:x\\n", "output line 1: slot count in 'a:x' is not a number"),
         ("\\n\\na:0\\n", "output line 3: slot count in 'a:0' must be at least 1"),
         ("a:1\\nb:1\\na:2\\n", "host 'a' is listed more than once"),
+        ("a:1\\n-Jjump.example:2\\n", "output line 2: host name '-Jjump.example:2' starts"),
     ],
 )
 def test_malformed_output_names_the_line(tmp_path: Path, output: str, expected: str) -> None:

@@ -63,3 +63,17 @@ def test_missing_or_empty_hostfile(tmp_path) -> None:
     empty.write_text("# nothing\n")
     with pytest.raises(UsageError, match="lists no hosts"):
         read_hostfile(str(empty))
+
+
+@pytest.mark.parametrize("name", ["-Jjump.example", "-Esome.log", "-oProxyCommand=sh", "-"])
+def test_a_host_name_that_starts_with_a_dash_is_refused_from_every_source(
+    name: str, tmp_path
+) -> None:
+    """ssh (and other tools) would read such a name as an option: `-Jjump.example` would
+    become a jump host, `-Esome.log` would make ssh write that file."""
+    with pytest.raises(UsageError, match=f"-H: host name '{name}:2' starts with '-'"):
+        parse_host_list(f"good:1,{name}:2")
+    path = tmp_path / "hosts"
+    path.write_text(f"good:1\n{name} slots=2\n")
+    with pytest.raises(UsageError, match=f"hostfile {path} line 2: host name .* starts with"):
+        read_hostfile(str(path))

@@ -283,3 +283,21 @@ def test_a_signalled_agent_stops_its_worker_at_once(
     assert any(
         f"rank 0 on host {REMOTE} was killed by signal SIGTERM" in line for line in job.stderr
     ), job.transcript()
+
+
+def test_ssh_reads_any_host_name_as_the_destination_never_as_an_option(tmp_path: Path) -> None:
+    """Defence behind the parser's refusal of names that start with `-`: the real ssh client,
+    given the launcher's command for such a name, takes it as a host (here `-G` only prints
+    the configuration it would use) and refuses it, so `-E<file>` writes no file."""
+    from elastic.driver.launch.ssh import SshOptions, ssh_command
+
+    if not Path("/usr/bin/ssh").exists():
+        pytest.skip("needs the ssh client (apt-get install openssh-client)")
+    planted = tmp_path / "ssh-wrote-this.log"
+    command = ssh_command(SshOptions(connect_timeout=1), f"-E{planted}", "true")
+    shown = subprocess.run(
+        [command[0], "-G", *command[1:]], capture_output=True, text=True, timeout=10
+    )
+    assert not planted.exists()
+    assert shown.returncode == 255
+    assert "hostname contains invalid characters" in shown.stderr

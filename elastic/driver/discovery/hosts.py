@@ -58,10 +58,16 @@ def split_notice(line: str, where: str) -> tuple[str, float | None]:
 
 
 def parse_host_entry(entry: str, where: str) -> HostSpec:
-    """Parse `host`, `host:N` or `host slots=N`; raise `UsageError` naming `where` if malformed.
+    """Parse `host`, `host:N` or `host slots=N`; raise `UsageError` naming `where` if malformed
+    or if the name starts with `-` (which ssh, and other tools, would take for an option).
 
     IPv6 addresses are written in brackets: `[::1]:2`.
     """
+    if entry.strip().startswith("-"):
+        raise UsageError(
+            f"{where}: host name {_shown(entry)} starts with '-' (ssh would read it as an "
+            "option); no host name may"
+        )
     match = _ENTRY.fullmatch(entry.strip())
     if not match:
         raise UsageError(

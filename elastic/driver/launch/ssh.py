@@ -63,7 +63,8 @@ def ssh_command(options: SshOptions, hostname: str, remote: str) -> list[str]:
         command += ["-p", str(options.port)]
     if options.identity_file is not None:
         command += ["-i", options.identity_file]
-    return [*command, hostname, remote]
+    # `--`: whatever the host's name, ssh reads it as the destination, never as an option.
+    return [*command, "--", hostname, remote]
 
 
 def forwarded_env(env: dict[str, str]) -> dict[str, str]:
