@@ -17,7 +17,14 @@ import pytest
 
 from elastic.driver.cli.status_text import render
 from elastic.driver.errors import LaunchError
-from elastic.driver.job_file import SeveralJobs, find_job, read_job_files, write_job_file
+from elastic.driver.job_file import (
+    JobIdTaken,
+    SeveralJobs,
+    claim_job_id,
+    find_job,
+    read_job_files,
+    write_job_file,
+)
 from elastic.protocol.http import (
     CollectiveStatus,
     HostStatus,
@@ -74,6 +81,30 @@ def test_a_job_file_whose_driver_is_gone_is_removed_and_said(tmp_path: Path) -> 
     assert running == []
     assert problems == [f"job old's driver (pid {dead.pid}) is gone; removed {path}"]
     assert not path.exists()
+
+
+def test_a_job_id_is_held_by_one_live_process_and_freed_by_its_death(tmp_path: Path) -> None:
+    claim = claim_job_id("held", '{"pid": 1}', tmp_path)
+    with pytest.raises(JobIdTaken, match='"pid": 1'):
+        claim_job_id("held", "{}", tmp_path)
+    claim.release()
+    claim_job_id("held", "{}", tmp_path).release()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\n"
+         "from pathlib import Path\n"
+         "from elastic.driver.job_file import claim_job_id\n"
+         f"claim_job_id('held', 'child', Path({str(tmp_path)!r}))\n"
+         "print('held', flush=True)\n"
+         "time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    with pytest.raises(JobIdTaken, match="child"):
+        claim_job_id("held", "{}", tmp_path)
+    holder.kill()  # SIGKILL: no release ran, the kernel drops the lock
+    holder.wait()
+    claim_job_id("held", "{}", tmp_path).release()
+    assert not (tmp_path / "held.lock").exists()
 
 
 def test_a_runtime_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
@@ -155,6 +186,38 @@ def test_status_of_a_memory_job_from_another_process(
     assert token not in text.stdout + as_json.stdout + login.stdout
     job.stop()
     assert token not in job.output
+
+
+def test_a_second_job_with_a_running_jobs_id_is_refused_and_the_first_keeps_its_handle(
+    elasticrun: Callable[..., RunningJob], tmp_path: Path, runtime: dict[str, str]
+) -> None:
+    """With the memory backend too, one job id takes one driver on a host: a second
+    `elasticrun --job-id X` while X runs says so in one line and exits 1, launching nothing;
+    X's job file stays, so `status`, `drain` and `stop --job-id X` still reach X."""
+    args = ["--job-id", "same", "-np", "1", "--min-np", "1", sys.executable, str(JOB),
+            "--out", str(tmp_path), "--epochs", "100", "--step-delay", "0.05"]  # fmt: skip
+    first = elasticrun(args, env=runtime)
+    first.wait_for(r"step 3 epoch", 90)
+    second = subprocess.run(
+        [*ELASTICRUN, *args[:-6], sys.executable, "-c", "open('launched', 'w')"],
+        env={**os.environ, **runtime}, cwd=tmp_path, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert second.returncode == 1, second
+    said = [line for line in second.stderr.splitlines() if "already run by" in line]
+    assert len(said) == 1, second.stderr
+    assert re.search(r"job same is already run by the driver with pid \d+ on host ", said[0])
+    assert not (tmp_path / "launched").exists()
+    status = command(["status", "--job-id", "same"], runtime)
+    assert status.returncode == 0, status.stderr
+    assert re.search(r"^job same: round 1, 1 worker\(s\) in it$", status.stdout, re.M)
+    assert command(["stop", "--job-id", "same"], runtime).returncode == 0
+    first.finish(60)
+    again = subprocess.run(  # the id is free once its job has ended
+        [*ELASTICRUN, "--job-id", "same", "-np", "1", sys.executable, "-c", "pass"],
+        env={**os.environ, **runtime}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
 
 
 def test_drain_lets_a_host_go_at_a_step_undrain_brings_it_back_stop_ends_the_job(

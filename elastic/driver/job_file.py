@@ -5,11 +5,17 @@
 `$XDG_RUNTIME_DIR/elasticrun`, or `/tmp/elasticrun-<uid>` without it. It holds the job's
 token (so only its user may read it), the driver's pid and host and its URLs. The driver
 writes it once it serves and removes it when the job ends.
+
+Beside it, `<job id>.lock` is the job id's claim on this host (`claim_job_id`): a driver of the
+memory backend holds an exclusive `flock` on it from its start to its end, so a second driver
+started with a running job's id is refused before it writes anything. The kernel drops the lock
+when its driver dies, however it dies, so a dead driver never keeps its id.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import socket
 import time
@@ -22,6 +28,7 @@ from elastic.driver.launch.private_files import open_private, private_dir
 from elastic.protocol.http import DriverUrls
 
 SUFFIX = ".json"
+LOCK_SUFFIX = ".lock"
 
 
 class SeveralJobs(LaunchError):
@@ -36,6 +43,61 @@ class JobFile(BaseModel):
     token: str = Field(repr=False)  # never in a traceback or a log line
     urls: DriverUrls
     tls_cert: str | None = None  # the driver's certificate (public PEM), with --tls
+
+
+class JobIdTaken(LaunchError):
+    """A live driver on this host holds the job id; the message is what its lock file says of
+    that driver (`holder` given to `claim_job_id`), or empty when it had not said yet."""
+
+
+class JobIdClaim:
+    """This driver's hold on a job id on this host: an open, `flock`ed lock file. `release`
+    removes the file and drops the lock; the process's death drops the lock too."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Give the id up. Idempotent; never raises."""
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()  # while locked: a waiter that opened it sees it is gone
+        os.close(self._fd)
+        self._fd = None
+
+
+def claim_job_id(job_id: str, holder: str, folder: Path | None = None) -> JobIdClaim:
+    """Hold job id `job_id` on this host for this process, writing `holder` (who holds it)
+    into the lock file. Raises `JobIdTaken` when a live process holds it, `LaunchError` when
+    the runtime folder or the lock file cannot be used (a link, another user's)."""
+    folder = folder or runtime_dir()
+    private_dir(str(folder))
+    path = folder / f"{job_id}{LOCK_SUFFIX}"
+    while True:
+        fd = open_private(str(path), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            said = ""
+            with contextlib.suppress(OSError):
+                said = os.pread(fd, 4096, 0).decode(errors="replace")
+            os.close(fd)
+            raise JobIdTaken(said) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino
+        except OSError:
+            same = False  # its holder removed it as we locked it: lock the new one
+        if same:
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, holder.encode(), 0)
+    return JobIdClaim(path, fd)
 
 
 def urls_of(api: str) -> DriverUrls:

@@ -65,10 +65,10 @@ class JobJournal:
             )
             documents = await self.backend.load()
         except JobLocked as err:
+            expiry = " (if that driver died, its claim expires within 10 s)"
             raise LaunchError(
                 f"job {self._job_id} is already run by {describe_holder(str(err))}; "
-                "one job takes one driver (if that driver died, its claim expires within "
-                "10 s)"
+                "one job takes one driver" + (expiry if self.durable else "")
             ) from None
         except BackendError as err:
             raise LaunchError(f"cannot reach the state backend: {err}") from None

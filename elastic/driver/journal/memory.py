@@ -1,5 +1,8 @@
 """The default backend: job state in the driver's memory (no setup, lost with the driver).
 
+A claim holds the job id on this host (`elastic.driver.job_file.claim_job_id`): a second
+driver started with a running job's id is refused, as the etcd backend refuses it.
+
 The torch Store's keys (`MemoryKeyValueStore`) live here with every backend: they belong to one
 epoch's group formation, and a restarted driver forms a new epoch before anyone needs them.
 """
@@ -7,9 +10,11 @@ epoch's group formation, and a restarted driver forms a new epoch before anyone 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from elastic.driver.changes import ChangeNotifier
-from elastic.driver.journal.backend import StateBackend
+from elastic.driver.job_file import JobIdClaim, JobIdTaken, claim_job_id
+from elastic.driver.journal.backend import JobLocked, StateBackend
 from elastic.driver.rendezvous.kv import INT64_MAX, INT64_MIN, KeyValueStore
 
 
@@ -73,13 +78,20 @@ class MemoryKeyValueStore(KeyValueStore):
 
 
 class MemoryBackend(StateBackend):
-    """Job state that lives as long as the driver: nothing to set up, nothing to resume."""
+    """Job state that lives as long as the driver: nothing to set up, nothing to resume.
+
+    `claim` holds the job id on this host for as long as the claim (the lock file lives in
+    `runtime_folder`, default: the job files' folder); a live driver holding it makes `claim`
+    raise `JobLocked` with that driver's description.
+    """
 
     durable = False
 
-    def __init__(self) -> None:
+    def __init__(self, runtime_folder: Path | None = None) -> None:
         self._documents: dict[str, dict[str, bytes]] = {}
         self._job_id: str | None = None
+        self._runtime_folder = runtime_folder
+        self._id_claim: JobIdClaim | None = None
 
     async def claim(
         self,
@@ -88,6 +100,14 @@ class MemoryBackend(StateBackend):
         is_alive: Callable[[bytes], bool],
         on_lost: Callable[[], None],
     ) -> None:
+        if self._id_claim is None or self._job_id != job_id:
+            try:
+                claim = claim_job_id(job_id, holder, self._runtime_folder)
+            except JobIdTaken as taken:
+                raise JobLocked(str(taken)) from None
+            if self._id_claim is not None:
+                self._id_claim.release()
+            self._id_claim = claim
         self._job_id = job_id
         self._documents.setdefault(job_id, {})["lock"] = holder.encode()
 
@@ -107,3 +127,6 @@ class MemoryBackend(StateBackend):
     async def release(self) -> None:
         if self._job_id is not None:
             self._documents[self._job_id].pop("lock", None)
+        if self._id_claim is not None:
+            self._id_claim.release()
+            self._id_claim = None
