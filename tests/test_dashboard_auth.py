@@ -1,27 +1,35 @@
 """The page's logins in-process: nothing of the job without the token or a page session, a
-one-time code works once and only for a while, and a cross-site form cannot press a button."""
+one-time code works once and only for a while, and nothing of the job (reads, buttons) for the
+session cookie alone: a request needs its session's page secret, which only a login's answer
+holds, so neither a cross-site form nor another service that received the cookie gets in."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import httpx
 import pytest
 
+from elastic.driver.control.events import WorkerListener
+from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.journal.memory import MemoryKeyValueStore
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.server.app import create_app
-from elastic.driver.server.auth import LOGIN_BODY_BYTES
+from elastic.driver.server.auth import LOGIN_BODY_BYTES, PAGE_SECRET_NEEDED
+from elastic.driver.server.endpoints import Endpoints
 from elastic.driver.server.page_api import SharedStatus
 from elastic.driver.server.services import Services
 from elastic.driver.server.sessions import PageSessions, SessionLimits
+from elastic.driver.settings import Settings
 from elastic.protocol.http import HostStatus, JobStatus, WorkerStatus
 
 TOKEN = "page-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-PAGE = {"X-Elasticrun-Page": "1"}
+SECRET_META = re.compile(r'<meta name="elasticrun-page-secret" content="([A-Za-z0-9_-]{43})">')
 JOB_ID = "job-7f3a2c"
 HOST = "host-alpha"
 STATUS = JobStatus(
@@ -93,6 +101,14 @@ async def code_login(client: httpx.AsyncClient) -> httpx.Response:
     return await client.get(url.removeprefix("http://driver"))
 
 
+def page_headers(entered: httpx.Response) -> dict[str, str]:
+    """What the page sends with every request after the login answered `entered`: the page
+    secret the entering page handed to `enter.js`."""
+    found = SECRET_META.search(entered.text)
+    assert found is not None, entered.text
+    return {"X-Elasticrun-Page": found.group(1)}
+
+
 def test_a_stranger_gets_the_login_page_and_no_data() -> None:
     async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Cookie": f"{sessions.cookie}=x"}):
@@ -115,7 +131,9 @@ def test_a_login_code_opens_one_session_once() -> None:
     async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
         entered = await code_login(client)
         assert entered.status_code == 200
-        assert 'http-equiv="refresh" content="0; url=/ui"' in entered.text
+        assert '<script src="/ui/assets/enter.js" defer></script>' in entered.text
+        assert entered.headers["cache-control"] == "no-store"
+        page_secret = page_headers(entered)
         cookie = entered.headers["set-cookie"]
         assert cookie.startswith(f"{sessions.cookie}=")
         for attribute in ("HttpOnly", "Path=/ui", "SameSite=strict"):
@@ -123,7 +141,8 @@ def test_a_login_code_opens_one_session_once() -> None:
         assert "Secure" not in cookie  # plain HTTP: a Secure cookie would never come back
         page = await client.get("/ui")
         assert "Workers" in page.text and 'name="token"' not in page.text
-        status = await client.get("/ui/api/status")
+        assert page_secret["X-Elasticrun-Page"] not in page.text  # only the login's answer
+        status = await client.get("/ui/api/status", headers=page_secret)
         assert status.status_code == 200 and status.json()["job_id"] == JOB_ID
 
         client.cookies.clear()
@@ -131,7 +150,7 @@ def test_a_login_code_opens_one_session_once() -> None:
         assert again.status_code == 401
         assert "used already or has expired" in again.text
         assert "set-cookie" not in again.headers
-        assert (await client.get("/ui/api/status")).status_code == 401
+        assert (await client.get("/ui/api/status", headers=page_secret)).status_code == 401
 
     run(check)
 
@@ -140,7 +159,8 @@ def test_a_login_code_expires_after_ten_minutes() -> None:
     async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
         late, in_time = sessions.mint_code(), sessions.mint_code()
         driver.clock.now += 599
-        assert (await client.get("/ui/login", params={"code": in_time})).status_code == 200
+        entered = await client.get("/ui/login", params={"code": in_time})
+        assert entered.status_code == 200 and SECRET_META.search(entered.text)
         client.cookies.clear()
         driver.clock.now += 2  # 601 s after both were minted
         refused = await client.get("/ui/login", params={"code": late})
@@ -154,16 +174,16 @@ def test_a_login_code_expires_after_ten_minutes() -> None:
 
 def test_a_session_ends_when_it_expires_or_logs_out() -> None:
     async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
-        await code_login(client)
+        page = page_headers(await code_login(client))
         driver.clock.now += sessions.limits.session_lifetime - 1
-        assert (await client.get("/ui/api/status")).status_code == 200
+        assert (await client.get("/ui/api/status", headers=page)).status_code == 200
         driver.clock.now += 1
-        assert (await client.get("/ui/api/status")).status_code == 401
+        assert (await client.get("/ui/api/status", headers=page)).status_code == 401
 
-        await code_login(client)
-        out = await client.post("/ui/api/logout", headers=PAGE)
+        page = page_headers(await code_login(client))
+        out = await client.post("/ui/api/logout", headers=page)
         assert out.status_code == 200 and out.json() == {"message": "logged out"}
-        assert (await client.get("/ui/api/status")).status_code == 401
+        assert (await client.get("/ui/api/status", headers=page)).status_code == 401
 
     run(check)
 
@@ -176,10 +196,12 @@ def test_the_token_form_logs_in_and_a_wrong_token_is_refused() -> None:
         assert (await client.get("/ui/api/status")).status_code == 401
 
         right = await client.post("/ui/login", data={"token": TOKEN})
-        assert right.status_code == 303 and right.headers["location"] == "/ui"
+        assert right.status_code == 200 and "/ui/assets/enter.js" in right.text
         assert right.headers["set-cookie"].startswith(f"{sessions.cookie}=")
         assert TOKEN not in right.headers["set-cookie"]  # the cookie holds a session id
-        assert (await client.get("/ui/api/status")).status_code == 200
+        assert TOKEN not in right.text
+        page = page_headers(right)
+        assert (await client.get("/ui/api/status", headers=page)).status_code == 200
 
         client.cookies.clear()
         bad_form = await client.post("/ui/login", content=b"token=a&" * 10)
@@ -192,47 +214,98 @@ def test_the_token_form_logs_in_and_a_wrong_token_is_refused() -> None:
 
 def test_a_page_session_opens_the_page_only_not_the_api() -> None:
     async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
-        await code_login(client)
-        assert (await client.get("/ui/api/status")).status_code == 200
-        assert (await client.get("/v1/status")).status_code == 401
+        page = page_headers(await code_login(client))
+        assert (await client.get("/ui/api/status", headers=page)).status_code == 200
+        assert (await client.get("/v1/status", headers=page)).status_code == 401
         assert (await client.post("/v1/login-codes")).status_code == 401
         assert (await client.post("/v1/login-codes", headers=AUTH)).status_code == 201
 
     run(check)
 
 
-def test_a_button_without_the_page_header_is_refused() -> None:
+PAGE_ROUTES = [
+    ("GET", "/ui/api/status"),
+    ("POST", f"/ui/api/hosts/{HOST}/drain"),
+    ("DELETE", f"/ui/api/hosts/{HOST}/drain"),
+    ("POST", "/ui/api/stop"),
+    ("POST", "/ui/api/logout"),
+]
+
+
+def test_the_session_cookie_without_its_page_secret_reads_and_presses_nothing() -> None:
     async def check(client: httpx.AsyncClient, driver: Driver, sessions: PageSessions) -> None:
-        await code_login(client)
-        for method, path in [
-            ("POST", f"/ui/api/hosts/{HOST}/drain"),
-            ("DELETE", f"/ui/api/hosts/{HOST}/drain"),
-            ("POST", "/ui/api/stop"),
-        ]:
-            # what a cross-site form could send, had the browser sent the cookie at all
-            refused = await client.request(method, path)
-            assert refused.status_code == 403, path
-            assert "X-Elasticrun-Page" in refused.json()["detail"]
+        other = page_headers(await code_login(client))  # a second session's secret
+        page = page_headers(await code_login(client))  # the cookie now names this session
+        assert page != other
+        for method, path in PAGE_ROUTES:
+            # what another service that received the cookie could send: the cookie and the
+            # page's header, without the secret, with a made-up one, or another session's
+            made_up = {"X-Elasticrun-Page": "é".encode("latin-1") * 43}  # not even ASCII
+            for headers in ({}, {"X-Elasticrun-Page": "1"}, made_up, other):
+                refused = await client.request(method, path, headers=headers)
+                assert refused.status_code == 403, (method, path, headers)
+                assert refused.json() == {"detail": PAGE_SECRET_NEEDED}
+                assert JOB_ID not in refused.text
         assert driver.drained == [] and driver.stops == 0
 
-        drained = await client.post(f"/ui/api/hosts/{HOST}/drain", headers=PAGE)
+        status = await client.get("/ui/api/status", headers=page)
+        assert status.status_code == 200 and status.json()["job_id"] == JOB_ID
+        drained = await client.post(f"/ui/api/hosts/{HOST}/drain", headers=page)
         assert drained.status_code == 200, drained.text
         assert drained.json() == {
             "hostname": HOST,
             "drained": True,
             "message": f"host {HOST} is drained",
         }
-        undrained = await client.delete(f"/ui/api/hosts/{HOST}/drain", headers=PAGE)
+        undrained = await client.delete(f"/ui/api/hosts/{HOST}/drain", headers=page)
         assert undrained.json()["message"] == f"host {HOST} is undrained"
-        stopped = await client.post("/ui/api/stop", headers=PAGE)
+        stopped = await client.post("/ui/api/stop", headers=page)
         assert stopped.status_code == 200 and stopped.json()["message"].startswith("the job stops")
         assert driver.drained == [(HOST, True), (HOST, False)] and driver.stops == 1
 
-        # With the token no page header is needed: a browser never adds the token by itself.
+        # With the token no page secret is needed: a browser never adds the token by itself.
         client.cookies.clear()
         assert (await client.post("/ui/api/stop", headers=AUTH)).status_code == 200
 
     run(check)
+
+
+def test_two_drivers_on_one_host_keep_their_own_sessions() -> None:
+    """Two drivers serving on two loopback ports, one browser-like cookie jar (cookies ignore
+    the port): logging in to the second leaves the first logged in, and each session's page
+    secret opens its own driver only."""
+    settings = Settings(np=1, hosts=[HostSpec("localhost", 1)], command=["train.py"])
+
+    def driver(token: str) -> Endpoints:
+        services = Services(token, MemoryKeyValueStore(), Rendezvous(), lambda: STATUS)
+        return Endpoints(settings, "127.0.0.1", services, cast(WorkerListener, object()))
+
+    async def main() -> None:
+        first, second = driver(TOKEN), driver(TOKEN + "-2")
+        await first.start()
+        await second.start()
+        try:
+            async with httpx.AsyncClient(timeout=10) as browser:
+                pages = []
+                for endpoints in (first, second):
+                    entered = await browser.get(endpoints.login_url())
+                    assert entered.status_code == 200, entered.text
+                    port = endpoints.url.rsplit(":", 1)[1]
+                    assert entered.cookies.keys() == {f"elasticrun_session_{port}"}
+                    pages.append(page_headers(entered))
+                assert len(browser.cookies) == 2  # one per driver, neither replaced
+                drivers = zip((first, second), pages, pages[::-1], strict=True)
+                for endpoints, page, others in drivers:
+                    status = await browser.get(f"{endpoints.url}/ui/api/status", headers=page)
+                    assert status.status_code == 200, status.text
+                    assert status.json()["job_id"] == JOB_ID
+                    crossed = await browser.get(f"{endpoints.url}/ui/api/status", headers=others)
+                    assert crossed.status_code == 403
+        finally:
+            await first.stop()
+            await second.stop()
+
+    asyncio.run(main())
 
 
 def test_draining_an_unknown_host_is_one_clear_line() -> None:

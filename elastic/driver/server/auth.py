@@ -3,7 +3,8 @@
 Three doors, one place (`TokenGate`, at the ASGI door, from the headers alone):
 * `/metrics` (the lead's Prometheus route, `open_paths`): anyone; it holds nothing secret;
 * the page, `/ui...`: its JSON routes (`/ui/api/...`) need the token or a live page session
-  (the cookie that `/ui/login` sets, see `sessions.py`); its HTML routes let anyone through to
+  (the cookie that `/ui/login` sets, see `sessions.py`), and with the session its page secret
+  (checked by `require_viewer`, not here); its HTML routes let anyone through to
   their route, which shows the login page to a stranger (no data), with a body of at most
   `LOGIN_BODY_BYTES`;
 * everything else (`/v1/...`): the job token, `Authorization: Bearer <token>`.
@@ -33,19 +34,24 @@ from elastic.protocol.env import AUTH_SCHEME
 log = logging.getLogger(__name__)
 
 UNAUTHORIZED = "missing or wrong job token"
-UNAUTHORIZED_PAGE = "log in first: open the login link the driver printed, or send the job token"
-CROSS_SITE = (
-    "refused: a page request that changes the job must carry the page's X-Elasticrun-Page "
-    "header (a form on another site cannot)"
+UNAUTHORIZED_PAGE = (
+    "log in first: open a login link (elasticrun status --login prints one), or send the job token"
+)
+PAGE_SECRET_NEEDED = (
+    "refused: with the page's session cookie, a request must carry the page secret of that "
+    "session in its X-Elasticrun-Page header (the page got it at login; the cookie alone, "
+    "which browsers also send to other services on this host, is not enough); log in again "
+    "with a new link: elasticrun status --login"
 )
 MAX_LOGGED_PEERS = 1024  # distinct refused peers remembered; later ones are not logged
 PAGE = "/ui"
 PAGE_API = "/ui/api/"
 PAGE_MARKER = "x-elasticrun-page"
-"""The header the page's own requests carry: a cross-site form cannot set a header, and a
-cross-site script that sets one needs a CORS preflight this driver never grants."""
+"""The header that carries the page secret of the session (`PageSessions.page_secret`) on every
+request of the page to `/ui/api/...`: a cross-site form cannot set a header, a script of
+another origin that sets one needs a CORS preflight this driver never grants, and a service on
+another port of this host that received the cookie does not know the secret."""
 LOGIN_BODY_BYTES = 4096  # the most a request without a login may send to the page's routes
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def _services_of(request: Request) -> Services:
@@ -132,16 +138,19 @@ def page_session(request: Request) -> str | None:
 
 
 async def require_viewer(request: Request) -> None:
-    """Raise unless the request may use the page's JSON routes: 401 without the job token
-    or a live page session; 403 for a session-authenticated request that would change the
-    job (not GET/HEAD) without the page's `X-Elasticrun-Page` header (a cross-site form).
-    A request with the token needs no such header: a browser never adds the token itself."""
+    """Raise unless the request may use the page's JSON routes (`/ui/api/...`), reads and
+    buttons alike: 401 without the job token or a live page session; 403 for a session
+    whose request does not carry that session's page secret in `X-Elasticrun-Page`
+    (`PAGE_SECRET_NEEDED`): a cookie replayed by another service of this host, or a form of
+    another site. A request with the token needs no secret: a browser never adds the token.
+    The secret is compared in constant time."""
     if has_token(request):
         return
-    if page_session(request) is None:
+    if (session := page_session(request)) is None:
         raise _refuse(request, UNAUTHORIZED_PAGE)
-    if request.method not in SAFE_METHODS and PAGE_MARKER not in request.headers:
-        raise HTTPException(status.HTTP_403_FORBIDDEN, CROSS_SITE)
+    given = request.headers.get(PAGE_MARKER, "")
+    if not request.app.state.sessions.is_page_secret(session, given):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, PAGE_SECRET_NEEDED)
 
 
 class TokenGate:

@@ -1,9 +1,14 @@
 """`/ui`: the job's live page, its login, and its files (HTML, CSS, JavaScript, no build step).
 
 The page itself holds no data: its script polls `/ui/api/status` (see `page_api.py`). A
-stranger gets the login page, which takes a one-time code (`/ui/login?code=...`, the link the
-driver logs) or the job token pasted in a form; either sets the session cookie and leads to
-`/ui`. The files are package data in `dashboard/` and are served to anyone: they hold no data.
+stranger gets the login page, which takes a one-time code (`/ui/login?code=...`, the link
+`elasticrun status --login` prints, or the launcher on its terminal) or the job token pasted in
+a form. Either answers with the "entering" page, which sets the session cookie and carries the
+session's page secret to the page's script (`enter.js` keeps it in this origin's local storage,
+which no other port of the host can read) and goes on to `/ui`. Only that answer holds the
+secret: the cookie alone, which browsers also send to other services on the host, gets no data
+(see `require_viewer`). The files are package data in `dashboard/` and are served to anyone:
+they hold no data.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Annotated
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 
 from elastic.driver.server.auth import (
@@ -31,7 +36,7 @@ from elastic.protocol.http import Strict
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
 FILES = "dashboard"
-ASSETS = {"page.js": "text/javascript", "page.css": "text/css"}
+ASSETS = {"page.js": "text/javascript", "enter.js": "text/javascript", "page.css": "text/css"}
 SECURITY_HEADERS = {
     # Only this driver's own files run and load; no frame may hold the page (its buttons).
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
@@ -44,8 +49,8 @@ SECURITY_HEADERS = {
 }
 CODE_REFUSED = (
     "This login link was used already or has expired: a link works once, for 10 minutes. "
-    "Ask the driver for a new one (POST /v1/login-codes with the job token), or paste the "
-    "job token below."
+    "Get a new one with `elasticrun status --login` (or POST /v1/login-codes with the job "
+    "token), or paste the job token below."
 )
 TOKEN_REFUSED = "That is not the job token."
 LOGIN_FORM_FIELDS = 4
@@ -74,10 +79,16 @@ def login_page(message: str = "", status_code: int = 200) -> HTMLResponse:
     return _html("login.html", status_code, message=message)
 
 
-def _with_session(response: Response, request: Request, session: str) -> Response:
-    """`response`, setting the cookie of page session `session`: HttpOnly, SameSite=Strict,
-    for `/ui` only, Secure over TLS, for as long as the session lasts."""
+def _entering(request: Request, session: str) -> Response:
+    """The answer to a login: the entering page with the page secret of the new `session`
+    (for `enter.js`), setting the session's cookie: HttpOnly, SameSite=Strict, for `/ui`
+    only, Secure over TLS, for as long as the session lasts.
+
+    The way on to `/ui` is the entering page's script, not a 303: a link opened from another
+    site (a chat, a mail) makes a cross-site navigation, and a SameSite=Strict cookie is not
+    sent along its redirects; a navigation this page starts is a same-site one, so it is."""
     sessions: PageSessions = request.app.state.sessions
+    response = _html("enter.html", secret=sessions.page_secret(session))
     response.set_cookie(
         sessions.cookie,
         session,
@@ -104,25 +115,22 @@ async def login_with_code(
     sessions: SessionsDep,
     code: Annotated[str | None, Query(max_length=256)] = None,
 ) -> HTMLResponse:
-    """With a live one-time `code`: open a session (cookie) and go on to `/ui`. A used,
-    expired or unknown code gets 401 and the login page saying so; no code, the login page.
-
-    The way on is a page that refreshes to `/ui`, not a 303: a link opened from another site
-    (a chat, a mail) makes a cross-site navigation, and a SameSite=Strict cookie is not sent
-    along its redirects; a refresh from this page is a same-site navigation, so it is."""
+    """With a live one-time `code`: open a session (cookie, page secret) and go on to `/ui`
+    (see `_entering`). A used, expired or unknown code gets 401 and the login page saying so;
+    no code, the login page."""
     if code is None:
         return login_page()
     session = sessions.redeem(code)
     if session is None:
         note_refusal(request.app.state.refused_peers, _peer(request), "page login code")
         return login_page(CODE_REFUSED, 401)
-    return _with_session(_html("enter.html"), request, session)
+    return _entering(request, session)
 
 
 @router.post("/login")
 async def login_with_token(request: Request, svc: ServicesDep, sessions: SessionsDep) -> Response:
-    """The login form: the job token opens a session (cookie) and leads to `/ui` (303); a
-    wrong one gets 401 and the login page saying so."""
+    """The login form: the job token opens a session (cookie, page secret) and goes on to
+    `/ui` (see `_entering`); a wrong one gets 401 and the login page saying so."""
     body = (await request.body()).decode("utf-8", "replace")
     try:
         fields = parse_qs(body, max_num_fields=LOGIN_FORM_FIELDS)
@@ -132,8 +140,7 @@ async def login_with_token(request: Request, svc: ServicesDep, sessions: Session
     if not compare_digest(form.token.encode(), svc.token.encode()):
         note_refusal(request.app.state.refused_peers, _peer(request), "page login")
         return login_page(TOKEN_REFUSED, 401)
-    redirect = RedirectResponse("/ui", 303, headers=SECURITY_HEADERS)
-    return _with_session(redirect, request, sessions.open_session())
+    return _entering(request, sessions.open_session())
 
 
 @router.get("/assets/{name}")

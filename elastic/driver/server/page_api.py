@@ -1,7 +1,8 @@
 """`/ui/api`: what the page reads and the buttons it has, for a page session or the token.
 
-Every route needs a login (`require_viewer`); one that changes the job needs the page's own
-header as well, when the login is the session cookie (see `auth.py`). The buttons do what
+Every route, a read or a button, needs the token or a page session with its page secret in
+the `X-Elasticrun-Page` header (`require_viewer`, see `auth.py`): the session cookie alone,
+which browsers also send to other services on the same host, gets 403. The buttons do what
 `elasticrun drain`, `undrain` and `stop` do, through the same `/v1` route code (`hosts.py`,
 `stop.py`), with the same answers and errors.
 """

@@ -5,18 +5,34 @@ token: it opens one session, once, within `code_lifetime` seconds of being minte
 is what the page's cookie names. Both are random (256 bits) and kept only as SHA-256 digests,
 so a lookup's timing says nothing about a live value. Nothing here outlives the driver: a
 restarted driver's page needs a new login.
+
+A session's *page secret* (`page_secret`) is what the page must show, besides its cookie, for
+anything of the job (`/ui/api/...`): browsers send a host's cookies to every port of that
+host, so another service on it may hold the cookie, but the secret is handed over only in the
+answer to a login (the one-time code or the token), which lands in the page's own storage.
+It is an HMAC of the session id under a key of this driver's, so it is bound to its session
+and needs no storage.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
 import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-COOKIE_PREFIX = "elasticrun_"
+COOKIE_PREFIX = "elasticrun_session"
+
+
+def cookie_name(port: int) -> str:
+    """The name of the page's session cookie for the driver serving on `port`: browsers tell
+    cookies apart by host, name and path, not port, so two drivers on one host need two names
+    (and a driver restarted on the same port replaces its old cookie rather than adding one)."""
+    return f"{COOKIE_PREFIX}_{port}"
 
 
 @dataclass(frozen=True)
@@ -68,8 +84,9 @@ class PageSessions:
     """One-time login codes and page sessions of one driver (owned by its app).
 
     `clock` is monotonic seconds; `new_secret()` returns a fresh URL-safe random string (tests
-    pass a predictable one). `cookie` is the session cookie's name, unique to this driver, so
-    two jobs' pages on one host (cookies ignore the port) do not log each other out.
+    pass a predictable one). `cookie` is the session cookie's name; a serving driver names it
+    after its port (`cookie_name`, set once the port is bound), so two jobs' pages on one host
+    (cookies ignore the port) do not log each other out.
     """
 
     def __init__(
@@ -77,12 +94,14 @@ class PageSessions:
         limits: SessionLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
         new_secret: Callable[[], str] = lambda: secrets.token_urlsafe(32),
+        cookie: str = COOKIE_PREFIX,
     ) -> None:
         self.limits = limits or SessionLimits()
         self._codes = _Expiring(self.limits.max_codes, self.limits.code_lifetime, clock)
         self._sessions = _Expiring(self.limits.max_sessions, self.limits.session_lifetime, clock)
         self._new_secret = new_secret
-        self.cookie = COOKIE_PREFIX + secrets.token_hex(4)
+        self._page_key = secrets.token_bytes(32)  # this driver's; dies with it
+        self.cookie = cookie
 
     def mint_code(self) -> str:
         """A new login code, redeemable once within `limits.code_lifetime` seconds (the
@@ -106,6 +125,17 @@ class PageSessions:
     def is_session(self, session: str | None) -> bool:
         """Whether `session` names a session that has not ended or expired."""
         return session is not None and self._sessions.live(session)
+
+    def page_secret(self, session: str) -> str:
+        """The page secret of `session` (43 URL-safe characters): the same for the session's
+        whole life, different for every other session and every other driver."""
+        mac = hmac.new(self._page_key, session.encode("utf-8", "surrogatepass"), hashlib.sha256)
+        return base64.urlsafe_b64encode(mac.digest()).rstrip(b"=").decode()
+
+    def is_page_secret(self, session: str, given: str) -> bool:
+        """Whether `given` is the page secret of `session`; constant time in their content."""
+        expected = self.page_secret(session).encode()
+        return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected)
 
     def close(self, session: str) -> None:
         """End `session` (logging out); nothing happens for an unknown one."""

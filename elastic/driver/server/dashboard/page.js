@@ -1,10 +1,24 @@
 // The job's page: polls /ui/api/status every second and draws it; the buttons call the page's
-// routes with the page's header (X-Elasticrun-Page), which a cross-site form cannot send.
-// Every value from the job is written as text (textContent), never as HTML.
+// routes. Every request carries the session's page secret in X-Elasticrun-Page: the login
+// handed it to this origin's local storage (enter.js); the session cookie alone, which the
+// browser also sends to other services on this host, is refused. Every value from the job is
+// written as text (textContent), never as HTML.
 "use strict";
 
 const POLL_MS = 1000;
-const MARKER = { "X-Elasticrun-Page": "1" };
+const SECRET_KEY = "elasticrun-page-secret";
+const NEW_LOGIN =
+  "open a new login link (`elasticrun status --login` prints one) or paste the job token";
+
+function pageHeaders() {
+  let secret = null;
+  try {
+    secret = window.localStorage.getItem(SECRET_KEY);
+  } catch (error) {
+    secret = null; // no storage: the driver answers 403, and the page says so
+  }
+  return secret ? { "X-Elasticrun-Page": secret } : {};
+}
 
 function $(id) {
   return document.getElementById(id);
@@ -50,7 +64,8 @@ function say(element, text, isError) {
 async function act(method, url, question) {
   if (question && !window.confirm(question)) return;
   try {
-    const answer = await fetch(url, { method, headers: MARKER, credentials: "same-origin" });
+    const headers = pageHeaders();
+    const answer = await fetch(url, { method, headers, credentials: "same-origin" });
     const body = await answer.json().catch(() => ({}));
     const detail = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail);
     say($("answer"), answer.ok ? body.message : `${answer.status}: ${detail}`, !answer.ok);
@@ -157,9 +172,13 @@ const poll = {
   async run() {
     clearTimeout(poll.timer);
     try {
-      const answer = await fetch("/ui/api/status", { credentials: "same-origin" });
-      if (answer.status === 401) {
-        say($("connection"), "Logged out: reload the page to log in again.", true);
+      const answer = await fetch("/ui/api/status", {
+        headers: pageHeaders(),
+        credentials: "same-origin",
+      });
+      if (answer.status === 401 || answer.status === 403) {
+        const why = answer.status === 401 ? "Logged out" : "This page lost its login's secret";
+        say($("connection"), `${why}: reload the page and ${NEW_LOGIN}.`, true);
         return; // no more polling until the page is reloaded
       }
       if (!answer.ok) throw new Error(`${answer.status}`);
@@ -182,6 +201,11 @@ document.addEventListener("DOMContentLoaded", () => {
   );
   $("logout").addEventListener("click", async () => {
     await act("POST", "/ui/api/logout");
+    try {
+      window.localStorage.removeItem(SECRET_KEY);
+    } catch (error) {
+      // nothing kept, nothing to forget
+    }
     window.location.assign("/ui");
   });
   poll.run();
