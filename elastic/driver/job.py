@@ -230,7 +230,7 @@ class Job:
                 self._adopt()
             else:
                 await self._launch_first_round(hosts)
-            endpoints.announce_page()  # after the checks a bad command line fails
+            endpoints.announce_page(self.job_id)  # after the checks a bad command line fails
             self._spawn(self._hear_reports())
             limits = Limits(
                 self.settings.heartbeat_interval, self.settings.stop_grace,

@@ -11,6 +11,9 @@ Two formats (`--log-format`):
 
 A log call names what happened with `extra=tags(event, rank=..., host=...)`; a line without
 an event is "log". `LogTail` keeps the newest lines, in the text form, for `/v1/status`.
+
+A line only the person at the launcher's terminal may read (the page's login link, a live
+credential) is handed to `terminal_handlers` alone: never to `LogTail`, a file or a pipe.
 """
 
 from __future__ import annotations
@@ -151,6 +154,30 @@ class WorkerLines:
             return json.dumps(record).encode() + b"\n"
 
         return as_json
+
+
+def terminal_handlers(logger: logging.Logger, level: int) -> list[logging.Handler]:
+    """The handlers a record of `level` from `logger` would reach (its own, then its
+    ancestors' while they propagate, as `Logger.callHandlers` walks them) that write to a
+    terminal: stream handlers whose stream `isatty()`. Empty when the launcher's output goes
+    to a file or a pipe (a batch system's log, CI), or when `logger` drops `level`."""
+    if not logger.isEnabledFor(level):
+        return []
+    found: list[logging.Handler] = []
+    current: logging.Logger | None = logger
+    while current is not None:
+        found += [h for h in current.handlers if level >= h.level and _writes_to_terminal(h)]
+        current = current.parent if current.propagate else None
+    return found
+
+
+def _writes_to_terminal(handler: logging.Handler) -> bool:
+    if not isinstance(handler, logging.StreamHandler):
+        return False
+    try:
+        return bool(handler.stream.isatty())
+    except (ValueError, OSError):  # a closed stream
+        return False
 
 
 class LogTail(logging.Handler):

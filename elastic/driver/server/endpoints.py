@@ -7,10 +7,11 @@ import os
 
 from elastic.driver.control.events import Placement, WorkerListener
 from elastic.driver.control.server import ControlServer
+from elastic.driver.logs import tags, terminal_handlers
 from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.login_codes import login_url
 from elastic.driver.server.services import Services
-from elastic.driver.server.sessions import PageSessions
+from elastic.driver.server.sessions import PageSessions, cookie_name
 from elastic.driver.server.tls import TlsIdentity
 from elastic.driver.settings import Settings
 from elastic.protocol.etcd import DriverAddress, certificate_mac
@@ -58,6 +59,7 @@ class Endpoints:
         self.sessions = PageSessions()
         app = create_app(services, sessions=self.sessions)
         self._http = HttpServer(app, address, tls=self.tls)
+        self.sessions.cookie = cookie_name(self._http.port)  # bound: one cookie per driver
         self._control = ControlServer(
             listener,
             services.token,
@@ -76,15 +78,34 @@ class Endpoints:
         self.url, self.control_address = self._http.url, self._control.address
         log.debug("HTTP API on %s, control on %s", self.url, self.control_address)
 
-    def announce_page(self) -> None:
-        """Log one line with a one-time login link to the page (never the token itself)."""
+    def announce_page(self, job_id: str) -> None:
+        """Show the person at the launcher's terminal a one-time login link to the page
+        (never the token): one line, in the launcher's format, to the log handlers that write
+        to a terminal only, never to a file, a pipe, or the log tail of `/v1/status` and the
+        page, where the link is a credential others read. Without a terminal no link is made;
+        one line (logged as usual) says how to get one: `elasticrun status --login`."""
+        terminals = terminal_handlers(log, logging.INFO)
+        if not terminals:
+            log.info(
+                "dashboard: no login link is printed where the output is not a terminal; get "
+                "one with `elasticrun status --login --job-id %s` on this host",
+                job_id,
+                extra=tags("dashboard"),
+            )
+            return
         minutes = self.sessions.limits.code_lifetime / 60
-        log.info(
+        line = log.makeRecord(
+            log.name,
+            logging.INFO,
+            __file__,
+            0,
             "dashboard: %s (a one-time login link, for %g minutes)",
-            self.login_url(),
-            minutes,
-            extra={"event": "dashboard"},
+            (self.login_url(), minutes),
+            None,
+            extra=tags("dashboard"),
         )
+        for handler in terminals:
+            handler.handle(line)
 
     def login_url(self) -> str:
         """A new one-time login link to the page (once serving)."""
