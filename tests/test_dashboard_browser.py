@@ -1,21 +1,27 @@
 """The driver's page in a real browser (Debian's headless Chromium, driven by Selenium through
-its chromedriver) on a real elastic job: the login link the launcher prints opens it, the
-workers appear with their ranks, and a killed worker's re-form appears in the rounds timeline
-with its cause. Skips with one line where this machine has no such browser."""
+its chromedriver) on a real elastic job: a login link from `elasticrun status --login` opens
+it, the workers appear with their ranks, a killed worker's re-form appears in the rounds
+timeline with its cause, and another web service on the host, which the browser hands the
+page's cookie, can neither read the job nor press its buttons. Skips with one line where this
+machine has no such browser."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from tests.conftest import RunningJob
+from tests.conftest import ELASTICRUN, RunningJob
 from tests.prerequisites import Machine, missing_browser
 
 WORKERS = Path(__file__).parent / "workers"
@@ -26,8 +32,51 @@ return [...document.querySelectorAll(`#${arguments[0]} tbody tr`)].map(
 """
 
 STATUS = """
-fetch("/ui/api/status").then((answer) => answer.json()).then(arguments[0]);
+const secret = window.localStorage.getItem("elasticrun-page-secret");
+fetch("/ui/api/status", {headers: {"X-Elasticrun-Page": secret}})
+  .then((answer) => answer.json()).then(arguments[0]);
 """
+
+
+class Neighbour:
+    """Another web service on this host, on a loopback port of its own: it answers every GET
+    with a short page and keeps the `Cookie` headers browsers send it."""
+
+    def __init__(self) -> None:
+        cookies: list[str] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                cookies.append(self.headers.get("Cookie", ""))
+                body = b"<!doctype html><title>another service</title><p>hello"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+        self.cookies = cookies
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+@pytest.fixture
+def neighbour() -> Iterator[Neighbour]:
+    service = Neighbour()
+    try:
+        yield service
+    finally:
+        service.close()
 
 
 @pytest.fixture
@@ -84,9 +133,23 @@ def shown_until(
         ) from None
 
 
+def login_link(job: RunningJob) -> str:
+    """A new one-time login link from `elasticrun status --login`, as the launcher's captured
+    output (not a terminal) says to get one."""
+    hint = r"dashboard: no login link .*`elasticrun status --login --job-id ([\w.-]+)`"
+    job_id = job.wait_for(hint, 60).group(1)
+    login = subprocess.run(
+        [*ELASTICRUN, "status", "--login", "--job-id", job_id],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    found = re.match(r"(http://127\.0\.0\.1:\d+/ui/login\?code=\S+) ", login.stdout)
+    assert found is not None, (login.stdout, login.stderr)
+    return found.group(1)
+
+
 def log_in(browser: Any, job: RunningJob) -> str:
-    """Open the login link the launcher printed; return the page's URL, once it shows."""
-    login = job.wait_for(r"dashboard: (http://127\.0\.0\.1:\d+/ui/login\?code=\S+)", 60).group(1)
+    """Open a new login link; return the page's URL, once it shows."""
+    login = login_link(job)
     page = login.split("/login?")[0]
     browser.get(login)
     shown_until(browser, job, "the page", lambda b: b.current_url == page)
@@ -101,7 +164,7 @@ def test_the_page_shows_a_live_job_and_a_killed_workers_round(
          sys.executable, str(WORKERS / "elastic_job.py"), "--out", str(tmp_path),
          "--epochs", "400", "--step-delay", "0.05"]
     )  # fmt: skip
-    page = job.wait_for(r"dashboard: (http://127\.0\.0\.1:\d+/ui)/login\?code=", 60).group(1)
+    page = login_link(job).split("/login?")[0]
     browser.get(page)  # not logged in: the login form, and nothing of the job
     assert browser.find_elements("css selector", "input[name=token]")
     assert not browser.find_elements("id", "workers")
@@ -253,3 +316,56 @@ def test_the_drain_button_takes_a_host_out_and_undrain_gives_it_back(
     browser.find_element("css selector", drain).click()  # undrain asks nothing
     shown_until(browser, job, "127.0.0.1 with members again", lambda b: members_on(b, "127.0.0.1"))
     job.stop()
+
+
+def test_another_service_on_the_host_gets_the_cookie_but_not_the_job(
+    elasticrun: Callable[..., RunningJob], browser: Any, tmp_path: Path, neighbour: Neighbour
+) -> None:
+    job = elasticrun(
+        ["-np", "2", "--min-np", "2", "--heartbeat-interval", "0.5",
+         sys.executable, str(WORKERS / "elastic_job.py"), "--out", str(tmp_path),
+         "--epochs", "400", "--step-delay", "0.05"]
+    )  # fmt: skip
+    page = log_in(browser, job)
+    shown_until(browser, job, "two members", lambda b: len(rows(b, "workers")) == 2)
+    driver = page.removesuffix("/ui")
+    port = driver.rsplit(":", 1)[1]
+
+    # The logged-in browser visits the other service, under /ui: it is handed the cookie.
+    browser.get(f"http://127.0.0.1:{neighbour.port}/ui/anything")
+    cookie = next((c for c in neighbour.cookies if f"elasticrun_session_{port}=" in c), None)
+    assert cookie is not None, neighbour.cookies
+
+    # Replayed from that service, with the page's header (a script adds it), the cookie reads
+    # nothing and presses nothing.
+    replays = [
+        ("GET", "/ui/api/status"),
+        ("POST", "/ui/api/hosts/localhost/drain"),
+        ("POST", "/ui/api/stop"),
+    ]
+    with httpx.Client(base_url=driver, timeout=10) as service:
+        for marker in ("1", "", "x" * 43):
+            for method, path in replays:
+                headers = {"Cookie": cookie, "X-Elasticrun-Page": marker}
+                answer = service.request(method, path, headers=headers)
+                assert answer.status_code == 403, (method, path, answer.text)
+                assert "page secret" in answer.json()["detail"]
+        shell = service.get("/ui", headers={"Cookie": cookie})  # the page's HTML: no data
+        assert shell.status_code == 200 and "elasticrun-page-secret" not in shell.text
+        assert (service.get("/v1/status", headers={"Cookie": cookie})).status_code == 401
+
+    # The page itself still reads the job (nothing drained, nothing stopped) and its buttons
+    # still work.
+    browser.get(page)
+
+    def undrained(b: Any) -> bool:
+        return [h["state"] for h in rows(b, "hosts")] == ["active"]
+
+    shown_until(browser, job, "localhost, active", undrained)
+    assert len(rows(browser, "workers")) == 2 and job.process.poll() is None
+    browser.find_element("id", "stop").click()
+    browser.switch_to.alert.accept()
+    shown_until(browser, job, "the answer", lambda b: b.find_element("id", "answer").text)
+    answer = browser.find_element("id", "answer").text
+    assert answer == "the job stops: every worker is being stopped", answer
+    assert job.finish(60) == 0, job.transcript()
