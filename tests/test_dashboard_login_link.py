@@ -205,13 +205,15 @@ def test_a_launcher_on_a_terminal_shows_the_link_there_and_nowhere_else(
     assert job.process.wait(60) == 0, job.lines
 
 
-def test_only_handlers_that_write_to_a_terminal_get_the_link() -> None:
+def test_only_handlers_that_write_to_a_terminal_get_the_link(tmp_path: Path) -> None:
     leader, follower = os.openpty()
     with open(follower, "w") as terminal, open(os.devnull, "w") as file:
         root, child = logging.getLogger("link-test"), logging.getLogger("link-test.child")
         shown, piped, tail = logging.StreamHandler(terminal), logging.StreamHandler(file), LogTail()
+        unopened = logging.FileHandler(tmp_path / "launcher.log", delay=True)  # no stream yet
+        handlers = (shown, piped, tail, unopened)
         try:
-            for handler in (shown, piped, tail):
+            for handler in handlers:
                 root.addHandler(handler)
             root.setLevel(logging.INFO)
             assert terminal_handlers(child, logging.INFO) == [shown]
@@ -219,7 +221,7 @@ def test_only_handlers_that_write_to_a_terminal_get_the_link() -> None:
             child.propagate = False
             assert terminal_handlers(child, logging.INFO) == []
         finally:
-            for handler in (shown, piped, tail):
+            for handler in handlers:
                 root.removeHandler(handler)
             child.propagate = True
     os.close(leader)

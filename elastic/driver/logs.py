@@ -172,10 +172,10 @@ def terminal_handlers(logger: logging.Logger, level: int) -> list[logging.Handle
 
 
 def _writes_to_terminal(handler: logging.Handler) -> bool:
-    if not isinstance(handler, logging.StreamHandler):
-        return False
+    """Whether `handler` writes to a terminal now (a file handler not yet opened: no)."""
+    stream = handler.stream if isinstance(handler, logging.StreamHandler) else None
     try:
-        return bool(handler.stream.isatty())
+        return stream is not None and bool(stream.isatty())
     except (ValueError, OSError):  # a closed stream
         return False
 
