@@ -140,7 +140,8 @@ class StatusPoller:
 
     def window(self, start: float, end: float) -> dict[str, Any]:
         """Requests made in [start, end): their count, failures, median, p99 and max seconds
-        (a failure counts as the request's full timeout in p99 and max)."""
+        (a failure counts as the request's full timeout in p99 and max), and the slowest five
+        as [seconds after `start` when asked, seconds taken]."""
         taken = [s for t, s in self.samples if start <= t < end]
         times = sorted(10.0 if s is None else s for s in taken)
         if not times:
@@ -151,4 +152,11 @@ class StatusPoller:
             "median_s": round(times[len(times) // 2], 4),
             "p99_s": round(times[min(len(times) - 1, int(0.99 * len(times)))], 4),
             "max_s": round(times[-1], 4),
+            "slowest": [
+                [round(t - start, 2), round(10.0 if s is None else s, 3)]
+                for t, s in sorted(
+                    ((t, s) for t, s in self.samples if start <= t < end),
+                    key=lambda sample: -10.0 if sample[1] is None else -sample[1],
+                )[:5]
+            ],
         }

@@ -9,8 +9,10 @@ a foreign Host. The test checks what the job's user would: training goes on, `el
 status` answers, the driver's memory and descriptors stay bounded and its log readable, a
 foreign Host reads nothing, and `elasticrun stop` ends the job with exit code 0.
 
-The driver starts with a soft limit of 1,024 open files (a common default): a driver that
-bounds nothing before authentication runs out of descriptors under this abuse. Every check is
+The driver is started with a soft limit of 1,024 open files (a common default; the driver
+may raise its own): a driver that bounds nothing before authentication and keeps that limit
+runs out of descriptors under this abuse, and logs a traceback for each connection it then
+fails to accept. Every check is
 made and all that fail are reported together. The timings are generous (CI shares 2 cores);
 bench/abuse.py measures them.
 """
@@ -23,6 +25,7 @@ import os
 import re
 import resource
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -154,7 +157,7 @@ def test_a_job_under_abuse_keeps_training_answers_and_stops_cleanly(
         job = elasticrun(
             [
                 "-np", "3", "--min-np", "2", "-H", "localhost:3",
-                "python", str(ELASTIC_WORKLOAD), "--out", str(tmp_path),
+                sys.executable, str(ELASTIC_WORKLOAD), "--out", str(tmp_path),
                 "--compute-s", "0.05", "--max-seconds", "240",
             ],
             env,
