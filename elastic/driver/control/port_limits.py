@@ -13,7 +13,10 @@ its HTTP/2 SETTINGS within `handshake_timeout` (after TLS, with TLS) is closed, 
 call in progress is closed after `idle_timeout` (a worker's event stream is a call in
 progress for as long as it is open, so it is never cut), and past `max_connections` gRPC
 closes a new connection at once. A call without the token is refused from its headers
-(`_TokenCheck`), so a stranger's connection goes idle and closes.
+(`_TokenCheck`), so a stranger's connection goes idle and closes. Calls per connection are not
+capped (`grpc.max_concurrent_streams` made gRPC refuse, UNAVAILABLE, calls that waited while
+the event loop was busy, even at 1,000 a connection); the calls waiting for the service are
+bounded server-wide by `grpc.server.max_pending_requests_hard_limit` (see `server.py`).
 
 The connection caps come from `descriptor_budget`: the ports together never take the
 descriptors the driver keeps for its own work.
@@ -34,7 +37,6 @@ READ_PER_LOOK = 8 * 1024  # bytes read from one connection per look: two frames,
 
 GRPC_HANDSHAKE_TIMEOUT = 10.0  # seconds for TLS and the client's HTTP/2 SETTINGS, at most
 GRPC_IDLE_TIMEOUT = 15.0  # seconds a connection may hold no call before gRPC closes it
-GRPC_MAX_STREAMS = 100  # calls at once on one connection (a worker makes two or three)
 
 
 def _beat_connections() -> int:
@@ -65,12 +67,9 @@ class GrpcPortLimits:
     max_connections: int = field(default_factory=_grpc_connections)
     handshake_timeout: float = GRPC_HANDSHAKE_TIMEOUT
     idle_timeout: float = GRPC_IDLE_TIMEOUT
-    max_streams: int = GRPC_MAX_STREAMS
 
     def __post_init__(self) -> None:
-        if min(self.max_connections, self.max_streams) < 1 or not (
-            self.handshake_timeout > 0 and self.idle_timeout > 0
-        ):
+        if self.max_connections < 1 or not (self.handshake_timeout > 0 and self.idle_timeout > 0):
             raise ValueError(f"gRPC port limits must be positive: {self}")
 
     def options(self) -> list[tuple[str, int]]:
@@ -79,5 +78,4 @@ class GrpcPortLimits:
             ("grpc.max_allowed_incoming_connections", self.max_connections),
             ("grpc.server_handshake_timeout_ms", round(self.handshake_timeout * 1000)),
             ("grpc.max_connection_idle_ms", round(self.idle_timeout * 1000)),
-            ("grpc.max_concurrent_streams", self.max_streams),
         ]

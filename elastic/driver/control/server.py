@@ -27,6 +27,7 @@ from elastic.driver.control.events import (
     Placement,
     WorkerListener,
 )
+from elastic.driver.control.port_limits import BeatPortLimits, GrpcPortLimits
 from elastic.driver.control.refusals import refusal
 from elastic.driver.server.tls import TlsIdentity
 from elastic.protocol import control_pb2 as pb
@@ -311,6 +312,10 @@ class ControlServer:
     slot in that epoch when `placement` gives one (the worker then needs no HTTP join); one
     that also breaks a round waits at most `BREAK_HELD_FOR` for it (see `_place_breaking`).
     Runs on the event loop that calls `start`.
+
+    `grpc_limits` and `beat_limits` bound what peers hold on the two ports (connections,
+    handshake and idle time; default: this process's share of its open-file limit, see
+    `elastic.driver.control.port_limits`). A worker's event stream is never cut by them.
     """
 
     def __init__(
@@ -323,6 +328,8 @@ class ControlServer:
         heartbeat_interval: float = 1.0,
         tls: TlsIdentity | None = None,
         placement: Placement | None = None,
+        grpc_limits: GrpcPortLimits | None = None,
+        beat_limits: BeatPortLimits | None = None,
     ) -> None:
         if not token:
             raise ValueError("the control service needs a job token")
@@ -335,8 +342,13 @@ class ControlServer:
         self.heartbeat_interval = heartbeat_interval
         self._placement = placement
         self._credentials = tls.grpc_server_credentials() if tls is not None else None
+        self.grpc_limits = grpc_limits if grpc_limits is not None else GrpcPortLimits()
         self._beats = BeatServer(
-            listener, token, host, ssl_context=tls.server_ssl_context() if tls else None
+            listener,
+            token,
+            host,
+            ssl_context=tls.server_ssl_context() if tls else None,
+            limits=beat_limits,
         )
         self._server: aio.Server | None = None
         self._port: int | None = None
@@ -365,7 +377,10 @@ class ControlServer:
         """Bind and serve. Raises RuntimeError when the address cannot be bound."""
         self._stopping = asyncio.Event()
         await self._beats.start()
-        server = aio.server(interceptors=[_TokenCheck(self._token)], options=_SERVER_OPTIONS)
+        server = aio.server(
+            interceptors=[_TokenCheck(self._token)],
+            options=[*_SERVER_OPTIONS, *self.grpc_limits.options()],
+        )
         self._service = _ControlService(
             self._listener,
             self.heartbeat_interval,
