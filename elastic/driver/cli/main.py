@@ -23,6 +23,7 @@ from elastic.driver.cli.flag_sources import (
     unknown_variables_warning,
 )
 from elastic.driver.cli.job_commands import COMMANDS, job_command_main
+from elastic.driver.descriptors import raise_open_file_limit
 from elastic.driver.discovery import DiscoveryError, ScriptDiscovery
 from elastic.driver.discovery.hosts import HostSpec, parse_host_list, read_hostfile
 from elastic.driver.errors import LaunchError, UsageError
@@ -444,6 +445,7 @@ def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
 
 
 async def _run(settings: Settings, console: logging.Handler) -> int:
+    raise_open_file_limit()  # before the ports take their shares of it
     job = Job.from_settings(settings)
     console.setFormatter(launcher_formatter(settings.log_format, job.current_round))
     if settings.backend.durable:
