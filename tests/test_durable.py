@@ -152,13 +152,13 @@ def test_a_failing_write_is_said_once_and_training_goes_on(
 
 
 EXITS_MID_WRITE = """
-import logging, sys, time
+import collections, logging, sys, time
 from elastic.state.durable import CheckpointDir, DurableWriter
 
 class Slow:  # pickled by the write: takes a second, as a large state would
-    def __reduce__(self):
+    def __reduce__(self):  # ...into a value torch.load(weights_only=True) gives back
         time.sleep(1.0)
-        return (str, ("written",))
+        return (collections.OrderedDict, ([("written", True)],))
 
 logging.basicConfig(level=logging.INFO)
 writer = DurableWriter(CheckpointDir(sys.argv[1]), exit_wait=float(sys.argv[2]))
@@ -179,7 +179,7 @@ def test_a_process_that_exits_lets_the_write_in_flight_finish_within_a_bound(
     assert done.returncode == 0, done.stderr
     assert "waiting up to" in done.stderr and "durable commit 1" in done.stderr
     if exit_wait > 1:
-        assert CheckpointDir(str(directory)).load(1).payload == {"state": "written"}
+        assert CheckpointDir(str(directory)).load(1).payload == {"state": {"written": True}}
     else:  # gave up: said so, and nothing half-written is ever loaded
         assert "was not written within 0.1 s" in done.stderr
         assert CheckpointDir(str(directory)).newest() is None

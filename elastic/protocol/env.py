@@ -54,6 +54,7 @@ CHECKPOINT_DIR = "ELASTIC_CHECKPOINT_DIR"
 CHECKPOINT_EVERY = "ELASTIC_CHECKPOINT_EVERY"
 CHECKPOINT_INTERVAL = "ELASTIC_CHECKPOINT_INTERVAL"
 CHECKPOINT_KEEP = "ELASTIC_CHECKPOINT_KEEP"
+CHECKPOINT_TRUST_PICKLES = "ELASTIC_CHECKPOINT_TRUST_PICKLES"  # "1": load full pickles
 
 # Horovod's names, as horovodrun's Gloo launcher sets them, for scripts that read them: the
 # same values as ELASTIC_HOSTNAME and the slot's ELASTIC_* variables.
@@ -82,14 +83,17 @@ class CheckpointSettings:
     """Where and how often durable commits are written: every `every`-th commit, or the first
     commit `interval` seconds (0: no such bound) after the last write, whichever comes
     first, while no write is in flight; the newest `keep` are kept. `directory` is a path
-    or an fsspec URL; empty: no durable commits. Each `State` reads these itself, so a state
-    made in a process that `elasticrun` did not start takes them from its environment too.
+    or an fsspec URL; empty: no durable commits. `trust_pickles`: checkpoints may hold any
+    picklable value and are loaded as full pickles (`--checkpoint-trust-pickles`), trusting
+    every writer of the directory. Each `State` reads these itself, so a state made in a
+    process that `elasticrun` did not start takes them from its environment too.
     """
 
     directory: str = ""
     every: int = 1
     interval: float = 0.0
     keep: int = 2
+    trust_pickles: bool = False
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.keep < 1 or not 0 <= self.interval < float("inf"):
@@ -107,6 +111,7 @@ class CheckpointSettings:
             CHECKPOINT_EVERY: str(self.every),
             CHECKPOINT_INTERVAL: str(self.interval),
             CHECKPOINT_KEEP: str(self.keep),
+            CHECKPOINT_TRUST_PICKLES: _write_flag(self.trust_pickles),
         }
 
     @classmethod
@@ -120,6 +125,10 @@ class CheckpointSettings:
         ):
             if environ.get(name):
                 given[attribute] = _parsed(environ, name, read)
+        trust = environ.get(CHECKPOINT_TRUST_PICKLES, "")
+        if trust not in ("", "0", "1"):
+            raise WorkerEnvironmentError(f"{CHECKPOINT_TRUST_PICKLES}={trust!r} is not 0 or 1")
+        given["trust_pickles"] = trust == "1"
         try:
             return cls(**given)
         except ValueError as err:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from elastic.state.durable import DurableWriter, durable_writer
+from elastic.state.loadable import UnloadableCommit, refusal_of
 from elastic.worker import collectives, context
 from elastic.worker.errors import HostsUpdatedInterrupt
 
@@ -79,7 +80,11 @@ class State:
         the cost of a commit against the steps lost when a worker fails. If a peer dies
         during the check, the `RuntimeError` of the collective propagates (the run loop turns
         it into `WorkerLostError`); the snapshot has already been taken and counted.
-        Raises `HostsUpdatedInterrupt` on every rank alike when membership changes.
+        Raises `HostsUpdatedInterrupt` on every rank alike when membership changes, and
+        `UnloadableCommit` on every rank alike when this commit is due to be written to the
+        checkpoint directory and holds a value a checkpoint cannot hold (see
+        `elastic.state.loadable`; rank 0's message names the value), unless the directory
+        trusts full pickles.
         """
         self.save()
         self._commit_count += 1
@@ -87,6 +92,7 @@ class State:
         if ctx.on_commit is not None:  # the driver saves it (with --backend etcd)
             ctx.on_commit(self._commit_count)
         durable = self._durable
+        refused: str | None = None
         if durable is not None and ctx.rank == 0 and durable.due(self._commit_count):
             payload = self._durable_payload()
             report = ctx.on_durable
@@ -96,9 +102,11 @@ class State:
                 if report is not None:
                     report(durable.written, durable.stale)
 
-            if not durable.offer(self._commit_count, payload, written):
+            if not durable.directory.trust_pickles:
+                refused = refusal_of(payload)
+            if refused is not None or not durable.offer(self._commit_count, payload, written):
                 self._durable_written()  # not taken after all: the snapshot is free again
-        self.check_host_updates()
+        self._check_host_updates(refused)
 
     def check_host_updates(self) -> None:
         """Raise `HostsUpdatedInterrupt` on every rank if any rank has been told of a newer
@@ -109,15 +117,30 @@ class State:
         of them. `skip_sync` is true when no worker is added. Raises the collective's
         `RuntimeError` if a peer dies.
         """
+        self._check_host_updates(None)
+
+    def _check_host_updates(self, refused: str | None) -> None:
+        """`check_host_updates()`, whose allreduce also carries whether this rank `refused`
+        to write the commit (why, in words): then every rank raises `UnloadableCommit`."""
         ctx = context.current("State.check_host_updates")
         update = ctx.events.pending_update(ctx.epoch)
         flags = torch.tensor(
-            [update is not None, update is not None and update.added, ctx.events.leaving],
+            [
+                update is not None,
+                update is not None and update.added,
+                ctx.events.leaving,
+                refused is not None,
+            ],
             dtype=torch.int64,
         )
-        pending, added, leaving = (
+        pending, added, leaving, any_refused = (
             bool(v) for v in collectives.allreduce(flags, op=collectives.Max).tolist()
         )
+        if any_refused:
+            raise UnloadableCommit(
+                f"durable commit {self._commit_count} not written: "
+                + (refused or "rank 0, which writes it, found a value a checkpoint cannot hold")
+            )
         if pending or leaving:
             self.prepare_to_reform()
             raise HostsUpdatedInterrupt(skip_sync=not added)
@@ -145,6 +168,18 @@ class State:
     def _load_durable(self, payload: Any) -> None:
         """Make a durable commit's payload the snapshot and the live state (local)."""
         raise NotImplementedError
+
+    def _durable_misfit(self, payload: Any) -> str | None:
+        """Why a loaded checkpoint's payload is no state's payload (then it is passed over
+        and the one before it tried); None when it has the shape `_durable_payload` gives:
+        a dict whose "objects" and "handlers", where present, are dicts keyed by name."""
+        if not isinstance(payload, dict):
+            return f"holds a {type(payload).__name__}, not a state's payload (a dict)"
+        for part in ("objects", "handlers"):
+            value = payload.get(part, {})
+            if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+                return f"holds a {part!r} that is not a dict keyed by name"
+        return None
 
     def _holds_unshared(self) -> bool:
         """Whether this rank's state holds what the others do not know at the same commit
@@ -188,8 +223,8 @@ class State:
             return 0
         try:
             commits = self._durable.directory.commits()
-        except Exception as err:  # an unreachable store: train on without it, say so
-            log.error("checkpoints in %s cannot be listed: %s", self._durable.directory.url, err)
+        except Exception as err:  # an unreachable store, a directory refused: say so, go on
+            log.error("checkpoints in %s: none loaded, %s", self._durable.directory.url, err)
             return 0
         return commits[0] if commits else 0
 
@@ -198,7 +233,7 @@ class State:
         it loads the newest one that verifies, and the ranks survey again."""
         ctx = context.current("State.sync")
         if ctx.rank == survey.durable_rank and self._durable is not None:
-            checkpoint = self._durable.directory.newest()
+            checkpoint = self._durable.directory.newest(self._durable_misfit)
             if checkpoint is not None and checkpoint.commit > self._commit_count:
                 self._load_durable(checkpoint.payload)
                 self._commit_count = checkpoint.commit

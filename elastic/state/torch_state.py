@@ -285,7 +285,7 @@ class TorchState(ObjectState):
                 handler.saved = saved[name]
                 try:
                     handler.restore()
-                except (RuntimeError, KeyError, ValueError) as err:
+                except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as err:
                     raise ValueError(
                         f"the durable commit's {name!r} does not fit this state: {err}"
                     ) from err

@@ -261,6 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="keep the newest K written commits (default 2)",
     )
+    durable.add_argument(
+        "--checkpoint-trust-pickles",
+        action="store_true",
+        help="let commits hold any picklable object and load checkpoints as full pickles, "
+        "which run the code of whoever wrote them: only for a directory whose every writer "
+        "you trust (default: tensors and plain values only, loaded with weights_only=True)",
+    )
     add_backend_flags(parser)
     parser.add_argument("--verbose", action="store_true", help="log the driver's decisions")
     parser.add_argument(
@@ -291,7 +298,7 @@ def _checkpoint_settings(args: argparse.Namespace) -> CheckpointSettings:
         raise UsageError(f"--checkpoint-every ({every}) and --checkpoint-keep ({keep}) must be 1+")
     if not 0 <= interval < float("inf"):
         raise UsageError(f"--checkpoint-interval must be 0 or more seconds, got {interval}")
-    return CheckpointSettings(directory, every, interval, keep)
+    return CheckpointSettings(directory, every, interval, keep, args.checkpoint_trust_pickles)
 
 
 def parse_args(
