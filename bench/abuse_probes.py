@@ -20,8 +20,8 @@ printing one JSON line that says what it did:
 The clients connect from loopback addresses other than the workers' 127.0.0.1: 127.0.0.2 and
 up, `--sources` of them in turn, as hostile peers on other machines would (a driver that counts
 connections per peer sees `--sources` peers). The one-shot probes (`oversized_frame`,
-`cut_frame`, `grpc_garbage`, `foreign_host`) each open one connection and say what the driver
-did with it. `driver_ports` finds a running driver's three ports from /proc.
+`cut_frame`, `slow_body`, `grpc_garbage`, `foreign_host`) each open one connection and say what
+the driver did with it. `driver_ports` finds a running driver's three ports from /proc.
 """
 
 from __future__ import annotations
@@ -405,6 +405,27 @@ def cut_frame(host: str, port: int, timeout: float) -> float | None:
     with _connect(host, port, ONE_SHOT_SOURCE, timeout) as sock:
         sock.sendall(struct.pack("!H", 4096) + b"H" * 10)
         return seconds_until_closed(sock, timeout)
+
+
+def slow_body(host: str, port: int, timeout: float, every: float = 1.0) -> float | None:
+    """`POST /ui/login` without a token, its head whole and its body one byte every `every`
+    seconds: seconds until the driver closed the connection (None: not within `timeout`)."""
+    head = (
+        f"POST /ui/login HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        "Content-Type: application/x-www-form-urlencoded\r\n"
+        f"Content-Length: {BODY_LENGTH}\r\n\r\n"
+    ).encode()
+    start = time.monotonic()
+    with _connect(host, port, ONE_SHOT_SOURCE, timeout) as sock:
+        sock.sendall(head)
+        while (left := timeout - (time.monotonic() - start)) > 0:
+            if seconds_until_closed(sock, min(every, left)) is not None:
+                return time.monotonic() - start
+            try:
+                sock.send(b"a")
+            except OSError:
+                return time.monotonic() - start
+    return None
 
 
 def grpc_garbage(host: str, port: int, timeout: float = 5.0) -> float | None:
