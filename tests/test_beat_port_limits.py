@@ -22,8 +22,10 @@ from typing import Any
 import pytest
 
 from elastic.driver.control.beats import BeatServer
-from elastic.driver.control.port_limits import STRANGER_BYTES, BeatPortLimits
+from elastic.driver.control.port_limits import READ_PER_LOOK, STRANGER_BYTES, BeatPortLimits
+from elastic.driver.server.tls import TlsIdentity
 from elastic.protocol.beats import beat_frame, hello_frame
+from elastic.protocol.pinning import pinned_ssl_context
 from elastic.worker.beats import BeatSender, BeatTarget
 from tests.loop_thread import Loop
 from tests.test_control import RecordingListener, wait_until
@@ -223,6 +225,27 @@ class Driver:
     def close(self) -> None:
         self.run(self.server.stop())
         self._loop.close()
+
+
+def test_beats_past_a_looks_budget_are_read_at_the_next_looks_with_tls() -> None:
+    """A burst of beats larger than one look's budget, then silence: over TLS the rest may
+    wait decrypted in the TLS layer, where epoll does not see it; the next looks read it."""
+    identity = TlsIdentity.make_self_signed(["127.0.0.1"])
+    listener = CountingListener()
+    loop = Loop()
+    server = BeatServer(listener, TOKEN, "127.0.0.1", ssl_context=identity.server_ssl_context())
+    loop.run(server.start())
+    try:
+        burst = 5 * READ_PER_LOOK // len(beat_frame(1, 0)) + 1
+        raw = socket.create_connection(("127.0.0.1", server.port))
+        with pinned_ssl_context(identity.cert_pem).wrap_socket(
+            raw, server_hostname="127.0.0.1"
+        ) as sock:
+            sock.sendall(hello_frame(TOKEN, "flood") + beat_frame(1, 0) * burst)
+            wait_until(lambda: listener.flood_beats == burst)
+    finally:
+        loop.run(server.stop())
+        loop.close()
 
 
 class Worker:
