@@ -24,14 +24,15 @@ for steady training, watches the driver for 2 s at rest, then for `--seconds`:
 
 Reported per phase over the abuse window: the longest gap between two steps of one worker in
 the same round (a re-form's gap is the recovery, reported apart), the peak RSS and descriptor
-count, the status latency (median, p99, max, failures) and the recovery time; for the abused
-phase, what each hostile client did. Targets (the issue's): no step gap over 0.5 s, peak RSS
-less than 100 MiB over the undisturbed phase's, every status answered within 1 s, recovery
-within twice the undisturbed one. One JSON document on stdout and in `--out` (default
-bench/results/abuse.json), with each target's pass or fail; each phase's transcript goes
-beside it (bench/results/abuse/). A driver whose RSS grows `--rss-safety-mib` past its size at
-rest has its hostile clients killed at once (recorded as `safety_stop`): a shared machine's
-memory is not the benchmark's to exhaust.
+count, the status latency (median, p99, max, failures, the slowest five and when they were
+asked), the recovery time and the lines the driver logged; for the abused phase, what each
+hostile client did. Targets (the issue's): no step gap over 0.5 s, peak RSS less than 100 MiB
+over the undisturbed phase's, every status answered within 1 s, recovery within twice the
+undisturbed one. One JSON document on stdout and in `--out` (default bench/results/abuse.json),
+with each target's pass or fail; each phase's transcript goes to bench/results/abuse/. A
+driver whose RSS grows `--rss-safety-mib` past its size at rest has its hostile clients killed
+at once (recorded as `safety_stop`): a shared machine's memory is not the benchmark's to
+exhaust.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import sys
@@ -64,8 +66,10 @@ from bench.elastic_recovery import (
 )
 from bench.machine_load import OtherLoad
 from bench.provenance import git_state, load_averages
+from elastic.driver.job_file import find_job
 
 ROOT = Path(__file__).resolve().parent.parent
+WORKER_LINE = re.compile(r"^\[\d+\]<std(out|err)>:")  # the launcher's copy of a worker's line
 RESULTS = ROOT / "bench" / "results"
 
 WORKERS = 3
@@ -155,8 +159,6 @@ def run_phase(name: str, folder: Path, args: argparse.Namespace, abuse: bool) ->
                 "steady training", steady(WORKERS, first, STEADY_STEPS), STEADY_TIMEOUT, launchers
             )
             step = "finding the driver"
-            from elastic.driver.job_file import find_job
-
             job = find_job(None, folder / "elasticrun")
             pid = launchers[0].process.pid
             if job.pid != pid:
@@ -216,7 +218,10 @@ def run_phase(name: str, folder: Path, args: argparse.Namespace, abuse: bool) ->
             }
         with out.cond:
             steps = list(out.steps)
+            logged = [x.text for x in out.lines if t_start <= x.arrived <= t_end + 1.0]
         record.update(step_gaps(steps, t_start, t_end))
+        driver = [text for text in logged if not WORKER_LINE.match(text)]
+        record["driver_log_lines"] = {"count": len(driver), "first": driver[:5]}
         record["window_s"] = round(t_end - t_start, 2)
         record["stop"] = stop_all(launchers, str(folder))
         transcripts = RESULTS / "abuse"
