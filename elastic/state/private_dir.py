@@ -52,7 +52,7 @@ def check_directory(path: str) -> None:
     raise UntrustedDirectory(
         f"checkpoint directory {path} is {_who(st)} (this process runs as uid {uid}): "
         "whoever else can write it could plant the checkpoint the next job resumes from, so "
-        f"it is not used; run `{' && '.join(fixes)}`, or name a directory of your own"
+        f"it is not used; run '{' && '.join(fixes)}', or name a directory of your own"
     )
 
 

@@ -309,7 +309,9 @@ class ObjectState(State):
 
     Snapshots are deep copies in host memory, so in-place changes to a list or dict after a
     commit are undone by `restore()`. `sync` pickles the values (`broadcast_object`).
-    Only the names given here are tracked; each must be picklable and deep-copyable.
+    Only the names given here are tracked; each must be picklable and deep-copyable, and, with
+    a checkpoint directory, a value a checkpoint can hold (tensors and plain values: see
+    `elastic.state.loadable`) unless the directory trusts full pickles.
     """
 
     def __init__(self, checkpoint_dir: str | None = None, **kwargs: Any) -> None:
