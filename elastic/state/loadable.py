@@ -46,44 +46,81 @@ def _safe_global_types() -> frozenset[type]:
     return frozenset(found)
 
 
+_SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray})
+_LEAVES = _SCALARS | {torch.Tensor, torch.nn.Parameter}  # a tensor: a leaf unless it has fields
+
+
+def _fields(value: Any) -> Any:
+    return getattr(value, "__dict__", None)
+
+
+def _children(item: Any) -> list[tuple[str, Any]]:
+    """The values `item` holds, each with how to name it from `item` (e.g. `[3]`)."""
+    children: list[tuple[str, Any]] = []
+    if isinstance(item, dict):
+        for key, child in item.items():
+            children.append((" (a key)", key))
+            children.append((f"[{key!r}]", child))
+    elif isinstance(item, (list, tuple)):
+        children.extend((f"[{i}]", child) for i, child in enumerate(item))
+    elif isinstance(item, set):
+        children.extend((" (an element)", child) for child in item)
+    attributes = getattr(item, "__dict__", None)
+    if attributes:  # an OrderedDict's `_metadata`, a tensor's or a safe class's fields
+        children.extend((f".{name}", child) for name, child in attributes.items())
+    return children
+
+
+def _all_loadable(value: Any, allowed: frozenset[type]) -> bool:
+    """Whether every value in `value` loads back: the quick walk, which names nothing."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind in _SCALARS:
+            continue
+        if kind not in allowed:
+            return False
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        parts = (item.keys(), item.values()) if isinstance(item, dict) else (item,)
+        if isinstance(item, (dict, list, tuple, set)):
+            for part in parts:  # whole containers of scalars or plain tensors at C speed
+                kinds = set(map(type, part))
+                if not kinds <= _LEAVES or (not kinds <= _SCALARS and any(map(_fields, part))):
+                    stack.extend(part)
+        attributes = _fields(item)
+        if attributes:
+            stack.extend(attributes.values())
+    return True
+
+
 def first_unloadable(value: Any, where: str) -> str | None:
     """Where in `value` (named `where`) the first value lies that `torch.load(...,
     weights_only=True)` would refuse, and its type, e.g. `state.history[3] is a
     numpy.float64`; None when every value loads back. Walks containers (dict keys and
     values, an `OrderedDict`'s attributes, a tensor's attributes, a registered safe class's
-    attributes) without recursion, each container once."""
+    attributes) without recursion, each container once; a second walk, which names what it
+    passes, runs only once the first found something."""
     allowed = _PLAIN | _safe_global_types()
+    if _all_loadable(value, allowed):
+        return None
     seen: set[int] = set()
     stack: list[tuple[str, Any]] = [(where, value)]
     while stack:
         path, item = stack.pop()
         kind = type(item)
         if kind not in allowed:
-            name = (
-                kind.__qualname__
-                if kind.__module__ == "builtins"
-                else (f"{kind.__module__}.{kind.__qualname__}")
-            )
+            name = kind.__qualname__
+            if kind.__module__ != "builtins":
+                name = f"{kind.__module__}.{name}"
             return f"{path} is a {name}"
-        if (
-            kind in (type(None), bool, int, float, complex, str, bytes, bytearray)
-            or id(item) in seen
-        ):
+        if kind in _SCALARS or id(item) in seen:
             continue
         seen.add(id(item))
-        children: list[tuple[str, Any]] = []
-        if isinstance(item, dict):
-            for key, child in item.items():
-                children.append((f"{path} (a key)", key))
-                children.append((f"{path}[{key!r}]", child))
-        elif isinstance(item, (list, tuple)):
-            children.extend((f"{path}[{i}]", child) for i, child in enumerate(item))
-        elif isinstance(item, set):
-            children.extend((f"{path} (an element)", child) for child in item)
-        attributes = getattr(item, "__dict__", None)
-        if attributes:  # an OrderedDict's `_metadata`, a tensor's or a safe class's fields
-            children.extend((f"{path}.{name}", child) for name, child in attributes.items())
-        stack.extend(reversed(children))
+        stack.extend((path + step, child) for step, child in reversed(_children(item)))
     return None
 
 
