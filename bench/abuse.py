@@ -4,11 +4,14 @@
     python -m bench.abuse --seconds 15 --silent 500 --slow-bodies 100
 
 The same 3-worker job runs twice, one phase after the other: undisturbed, then abused. A phase
-launches `elasticrun -np 3 --min-np 2 -H localhost:3` with the elastic-recovery workload
-(`bench/workloads/tiny_elastic.py`, a step of ~20 ms of compute after a 50 ms sleep, so that
-three workers leave this machine's CPUs to the driver and the hostile clients; commits every 5
-steps; the cooldown is 600 s so that the killed slot is not refilled during the phase), waits
-for steady training, watches the driver for 2 s at rest, then for `--seconds`:
+launches `elasticrun -np 3 --min-np 2 -H localhost:1,127.0.0.1:1,HOSTNAME:1` (three names of
+this machine, so that the killed worker is alone on its host; `-H localhost:2,127.0.0.1:1` where
+the hostname is no local name; `--start-timeout 120` for a loaded machine) with the
+elastic-recovery workload (`bench/workloads/tiny_elastic.py`, a step of ~20 ms of compute after
+a 50 ms sleep, so that three workers leave this machine's CPUs to the driver and the hostile
+clients; commits every 5 steps; the cooldown is 600 s so that the killed slot is not refilled
+during the phase), waits for steady training, watches the driver for 2 s at rest, then for
+`--seconds`:
 
 * (abused phase only, each hostile client in a process of its own, `bench/abuse_probes.py`)
   (a) one connection floods the heartbeat port with junk frames at full speed, reopened when
@@ -19,8 +22,9 @@ for steady training, watches the driver for 2 s at rest, then for `--seconds`:
 * the driver's resident memory (VmRSS) and descriptor count are sampled every 0.15 s, and
   `/v1/status` with the job's token is asked every 0.5 s on a fresh connection
   (`bench/driver_watch.py`);
-* at half time, one worker (rank 1) is SIGKILLed; its recovery is the time from the kill to the
-  first step of the re-formed round at size 2 (as bench/elastic_recovery.py measures it).
+* at half time, one worker (rank 2, alone on its host) is SIGKILLed; its recovery is the time
+  from the kill to the first step of the re-formed round at size 2 (as
+  bench/elastic_recovery.py measures it).
 
 Reported per phase over the abuse window: the longest gap between two steps of one worker in
 the same round (a re-form's gap is the recovery, reported apart), the peak RSS and descriptor
@@ -63,6 +67,7 @@ from bench.elastic_recovery import (
     make_systems,
     steady,
     stop_all,
+    third_host,
 )
 from bench.machine_load import OtherLoad
 from bench.provenance import git_state, load_averages
@@ -90,12 +95,20 @@ TARGETS = {
 }
 
 
+def hosts() -> str:
+    """Three slots on this machine, the last alone on its host name (the SIGKILL's victim)."""
+    third, _ = third_host()
+    if third.startswith("localhost:"):
+        return "localhost:2,127.0.0.1:1"
+    return f"localhost:1,127.0.0.1:1,{third}"
+
+
 def elasticrun_cmd(folder: Path, seconds: float) -> list[str]:
     exe = shutil.which("elasticrun")
     return [
         *([exe] if exe else [sys.executable, "-m", "elastic.driver.cli"]),
         "-np", str(WORKERS), "--min-np", str(WORKERS - 1), "--max-np", str(WORKERS),
-        "-H", f"localhost:{WORKERS}", "--blacklist-cooldown-range", "600", "600",
+        "-H", hosts(), "--blacklist-cooldown-range", "600", "600", "--start-timeout", "120",
         sys.executable, str(ELASTIC_WORKLOAD), "--out", str(folder),
         "--commit-every", str(COMMIT_EVERY), "--compute-s", str(COMPUTE_S),
         "--max-seconds", str(seconds + 300),
@@ -180,7 +193,9 @@ def run_phase(name: str, folder: Path, args: argparse.Namespace, abuse: bool) ->
             sleep_until(t_start + KILL_AT * args.seconds)
             step = "recovery"
             with out.cond:
-                victim = next(s for s in reversed(out.steps) if s.size == WORKERS and s.rank == 1)
+                victim = next(
+                    s for s in reversed(out.steps) if s.size == WORKERS and s.rank == WORKERS - 1
+                )
                 t_kill = time.time()
                 os.kill(victim.pid, signal.SIGKILL)
             back = out.wait(
@@ -347,6 +362,7 @@ def main() -> None:
             "slow_bodies": args.slow_bodies,
             "sources": args.sources,
             "workers": WORKERS,
+            "hosts": hosts(),
             "step_sleep_s": COMPUTE_S,
             "kill_at": KILL_AT,
         },

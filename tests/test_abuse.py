@@ -164,7 +164,7 @@ def test_a_job_under_abuse_keeps_training_answers_and_stops_cleanly(
     with open_file_soft_limit(OPEN_FILES):
         job = elasticrun(
             [
-                "-np", "3", "--min-np", "2", "-H", "localhost:3",
+                "-np", "3", "--min-np", "2", "-H", "localhost:3", "--start-timeout", "120",
                 sys.executable, str(ELASTIC_WORKLOAD), "--out", str(tmp_path),
                 "--compute-s", "0.05", "--max-seconds", "240",
             ],
