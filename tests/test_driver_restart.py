@@ -5,7 +5,6 @@ fixture on loopback; workers write their output under the test's TMPDIR."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -18,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic.driver.journal.etcd import EtcdBackend
-from elastic.protocol.etcd import EtcdOptions, parse_endpoints
+from elastic.driver.job_file import runtime_dir
 from elastic.protocol.http import JobStatus
 from tests.conftest import ELASTICRUN, RunningJob, pids_alive
 from tests.etcd_server import EtcdServer, JobLock
@@ -59,16 +57,9 @@ def status(etcd: EtcdServer, job_id: str, *extra: str) -> subprocess.CompletedPr
     )
 
 
-def saved_token(etcd: EtcdServer, job_id: str) -> str:
-    backend = EtcdBackend(EtcdOptions(parse_endpoints(etcd.endpoint)))
-
-    async def read() -> dict[str, bytes]:
-        try:
-            return await backend.read(job_id)
-        finally:
-            await backend.close()
-
-    return json.loads(asyncio.run(read())["secret"])["token"]
+def job_file_token(job_id: str) -> str:
+    """The token in this host's job file of `job_id` (etcd holds none)."""
+    return json.loads((runtime_dir() / f"{job_id}.json").read_bytes())["token"]
 
 
 def test_a_restarted_driver_adopts_the_running_workers(
@@ -293,7 +284,7 @@ def test_the_token_is_on_no_command_line(elasticrun, etcd: EtcdServer, tmp_path:
     )  # fmt: skip
     job = elasticrun(args, env)
     job.wait_for(r"holding for")
-    token = saved_token(etcd, "secret1").encode()
+    token = job_file_token("secret1").encode()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
@@ -315,7 +306,10 @@ def test_bad_backend_flags_are_usage_errors(tmp_path: Path) -> None:
         ("--backend", "etcd", "--etcd-endpoints", "nohost"): "is not host:port",
         ("--job-id", "a/b"): "--job-id 'a/b'",
         ("--backend", "etcd", "--etcd-endpoints", "127.0.0.1:1", "--etcd-user", "u"): (
-            "ELASTIC_ETCD_PASSWORD"
+            "--etcd-user needs its password: --etcd-password-file FILE or $ELASTICRUN_ETCD_PASSWORD"
+        ),
+        ("--backend", "etcd", "--etcd-endpoints", "127.0.0.1:1", "--etcd-password-file", "f"): (
+            "--etcd-password-file needs --etcd-user"
         ),
     }
     for flags, message in cases.items():
@@ -323,7 +317,11 @@ def test_bad_backend_flags_are_usage_errors(tmp_path: Path) -> None:
             [*ELASTICRUN, *flags, "-np", "1", sys.executable, "-c", "pass"],
             capture_output=True,
             text=True,
-            env={k: v for k, v in os.environ.items() if k != "ELASTIC_ETCD_PASSWORD"},
+            env={
+                k: v
+                for k, v in os.environ.items()
+                if k not in ("ELASTIC_ETCD_PASSWORD", "ELASTICRUN_ETCD_PASSWORD")
+            },
             timeout=30,
         )
         assert done.returncode == 2 and message in done.stderr, (flags, done.stderr)

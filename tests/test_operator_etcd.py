@@ -1,6 +1,8 @@
 """The operator commands on a job run with `--backend etcd`, found through etcd (`--job-id`,
 `--etcd-endpoints`) rather than a job file: the live status from the driver etcd names, a
-stop that ends every worker, and what is left to say once the job has ended."""
+stop that ends every worker, and what is left to say once the job has ended. etcd holds no
+token: the operator gives it ($ELASTICRUN_TOKEN here, copied from the job file), and without
+it the commands say how in one line."""
 
 from __future__ import annotations
 
@@ -19,11 +21,20 @@ from tests.etcd_server import EtcdServer
 JOB = Path(__file__).parent / "workers" / "elastic_job.py"
 
 
-def command(args: list[str], runtime: Path) -> subprocess.CompletedProcess[str]:
-    """`elasticrun ARGS` beside the job, with a runtime folder holding no job file."""
+def command(
+    args: list[str], runtime: Path, token: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`elasticrun ARGS` beside the job, with a runtime folder holding no job file, given
+    `token` in $ELASTICRUN_TOKEN (no terminal to ask at)."""
+    env = {k: v for k, v in os.environ.items() if k != "ELASTICRUN_TOKEN"}
     return subprocess.run(
         [*ELASTICRUN, *args],
-        env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)},
+        env={
+            **env,
+            "XDG_RUNTIME_DIR": str(runtime),
+            **({"ELASTICRUN_TOKEN": token} if token else {}),
+        },
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=30,
@@ -48,17 +59,27 @@ def test_an_etcd_job_is_shown_live_and_stopped_through_etcd(
     pids = [int(job.wait_for(rf"joined rank={r} size=2 pid=(\d+)").group(1)) for r in (0, 1)]
     job.wait_for(r"step 3 epoch")
     through_etcd = ["--job-id", "ops1", "--etcd-endpoints", etcd.endpoint]
+    token = json.loads((job_runtime / "elasticrun" / "ops1.json").read_bytes())["token"]
 
-    shown = command(["status", "--json", *through_etcd], operator_runtime)
+    for asked in ("status", "stop"):
+        untold = command([asked, *through_etcd], operator_runtime)
+        assert untold.returncode == 1 and len(untold.stderr.splitlines()) == 1, untold.stderr
+        assert "job ops1's token is needed to reach its driver" in untold.stderr
+        assert "--token-file FILE or $ELASTICRUN_TOKEN" in untold.stderr
+    wrong = command(["status", *through_etcd], operator_runtime, "w" * 43)
+    assert wrong.returncode == 1, wrong.stderr
+    assert "the token from $ELASTICRUN_TOKEN is not job ops1's" in wrong.stderr
+
+    shown = command(["status", "--json", *through_etcd], operator_runtime, token)
     assert shown.returncode == 0, shown.stderr
     status = JobStatus.model_validate_json(shown.stdout)  # the driver's answer, not etcd's
     assert status.urls is not None and status.urls.api == url
     assert sorted(w.pid for w in status.workers) == sorted(pids)
-    unknown = command(["drain", "no-such-host", *through_etcd], operator_runtime)
+    unknown = command(["drain", "no-such-host", *through_etcd], operator_runtime, token)
     assert unknown.returncode == 1 and len(unknown.stderr.splitlines()) == 1, unknown.stderr
     assert "has no host 'no-such-host'" in unknown.stderr
 
-    stopped = command(["stop", *through_etcd], operator_runtime)
+    stopped = command(["stop", *through_etcd], operator_runtime, token)
     assert stopped.returncode == 0, stopped.stderr
     assert stopped.stdout.startswith("job ops1: ")
     assert job.finish(60) == 0, job.transcript()
@@ -66,7 +87,7 @@ def test_an_etcd_job_is_shown_live_and_stopped_through_etcd(
     ended = command(["status", *through_etcd], operator_runtime)
     assert ended.returncode == 0, ended.stderr
     assert "ended with exit code 0: stopped by `elasticrun stop`" in ended.stdout, ended.stdout
-    again = command(["stop", *through_etcd], operator_runtime)
+    again = command(["stop", *through_etcd], operator_runtime, token)
     assert (again.returncode, again.stdout) == (1, "")
     assert again.stderr == "elasticrun stop: error: job ops1 has no running driver in etcd\n"
     saved = command(["status", "--json", *through_etcd], operator_runtime)

@@ -1,8 +1,9 @@
 """TLS across a driver restart (etcd backend) without storing a private key anywhere.
 
 A restarted driver re-reads the user's `--tls-key` file, or makes a new self-signed
-certificate and publishes it (public PEM) in its etcd address document with an HMAC under the
-job token; workers pin a published certificate only when that MAC verifies with their token.
+certificate and publishes it (public PEM) in its etcd address document, which carries an HMAC
+under the job token; workers move to a published address and pin its certificate only when
+that MAC verifies with their token.
 Layers: the MAC itself (pure), the worker's locator and clients against a real etcd and real
 TLS servers on loopback, and `elasticrun --tls` killed and restarted mid-training.
 """
@@ -22,13 +23,13 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from elastic.driver.control.server import ControlServer
+from elastic.driver.job_file import runtime_dir
 from elastic.driver.server.app import HttpServer
 from elastic.driver.server.tls import TlsIdentity
 from elastic.protocol.etcd import (
-    CertificateNotAuthentic,
+    AddressNotAuthentic,
     DriverAddress,
     EtcdOptions,
-    certificate_mac,
     connect,
     parse_endpoints,
 )
@@ -44,7 +45,7 @@ from tests.test_tls import Loop
 
 pytestmark = pytest.mark.timeout(180)
 
-TOKEN = "restart-token"
+TOKEN = "restart-token-" + "x" * 32
 HOST = "127.0.0.1"
 JOB = "tlsjob"
 
@@ -62,42 +63,51 @@ def new() -> TlsIdentity:
 
 
 def published(
-    identity: TlsIdentity, url: str, control: str = "", mac: str | None = None
+    identity: TlsIdentity, url: str, control: str = "", signer: str = TOKEN
 ) -> DriverAddress:
-    cert = identity.cert_pem
+    """The address a driver publishes, signed with `signer` (the job token, or a forger's)."""
     return DriverAddress(
         driver_id="d2",
         url=url,
         control_address=control,
         host="here",
         pid=1,
-        tls_cert=cert.decode(),
-        tls_cert_mac=mac if mac is not None else certificate_mac(TOKEN, cert),
-    )
+        tls_cert=identity.cert_pem.decode(),
+    ).signed(signer, JOB)
 
 
 # --- the MAC ---------------------------------------------------------------------------------
 
 
-def test_a_published_certificate_verifies_only_with_the_job_token(new: TlsIdentity) -> None:
+def test_a_published_address_verifies_only_with_the_job_token(new: TlsIdentity) -> None:
     address = published(new, "https://127.0.0.1:1")
-    assert address.verified_cert(TOKEN) == new.cert_pem
+    assert address.verified(TOKEN, JOB).cert_pem == new.cert_pem
     for token in ("another-token", ""):
-        with pytest.raises(CertificateNotAuthentic, match="not signed with this job's token"):
-            address.verified_cert(token)
-    forged = published(new, "https://127.0.0.1:1", mac=certificate_mac("guess", new.cert_pem))
-    unsigned = address.model_copy(update={"tls_cert_mac": None})
+        with pytest.raises(AddressNotAuthentic, match="not signed with this job's token"):
+            address.verified(token, JOB)
+    with pytest.raises(AddressNotAuthentic):
+        address.verified(TOKEN, "another-job")  # a MAC binds its job
+    forged = published(new, "https://127.0.0.1:1", signer="guess")
+    unsigned = address.model_copy(update={"mac": None})
     for document in (forged, unsigned):
-        with pytest.raises(CertificateNotAuthentic):
-            document.verified_cert(TOKEN)
-    plain = address.model_copy(update={"tls_cert": None, "tls_cert_mac": None})
-    assert plain.verified_cert(TOKEN) is None
+        with pytest.raises(AddressNotAuthentic):
+            document.verified(TOKEN, JOB)
+    plain = DriverAddress(driver_id="d", url="http://h:1", control_address="h:2", host="h", pid=1)
+    assert plain.signed(TOKEN, JOB).verified(TOKEN, JOB).cert_pem is None
 
 
-def test_the_mac_covers_the_whole_certificate(old: TlsIdentity, new: TlsIdentity) -> None:
-    swapped = published(new, "https://127.0.0.1:1", mac=certificate_mac(TOKEN, old.cert_pem))
-    with pytest.raises(CertificateNotAuthentic):
-        swapped.verified_cert(TOKEN)
+def test_the_mac_covers_every_field(old: TlsIdentity, new: TlsIdentity) -> None:
+    """Someone who can write etcd swaps the certificate, or moves the workers to a server of
+    theirs (where they would send the token), keeping the driver's MAC: refused."""
+    signed = published(new, "https://127.0.0.1:1", "127.0.0.1:2")
+    for change in (
+        {"tls_cert": old.cert_pem.decode()},
+        {"url": "https://127.0.0.1:9"},
+        {"control_address": "127.0.0.1:9"},
+        {"tls_cert": None},
+    ):
+        with pytest.raises(AddressNotAuthentic):
+            signed.model_copy(update=change).verified(TOKEN, JOB)
 
 
 # --- the worker side, against a real etcd and real servers ------------------------------------
@@ -126,7 +136,7 @@ def test_the_locator_refuses_a_certificate_whose_mac_does_not_verify(
     etcd_options: EtcdOptions, old: TlsIdentity, new: TlsIdentity, caplog
 ) -> None:
     locator = locator_for(etcd_options, old, "https://127.0.0.1:1", "127.0.0.1:2")
-    forged = published(new, "https://127.0.0.1:3", "127.0.0.1:4", mac="00" * 32)
+    forged = published(new, "https://127.0.0.1:3", "127.0.0.1:4", signer="guess")
     put_driver(etcd_options, forged)
     try:
         locator.refresh()
@@ -191,7 +201,7 @@ def test_the_http_client_refuses_a_forged_certificate(
     """Someone who can write etcd but lacks the token points the workers at a server of
     theirs: the workers neither pin its certificate nor move there."""
     gone = f"https://{HOST}:{free_port()}"
-    put_driver(etcd_options, published(new, https_server.url, mac=certificate_mac("x", b"y")))
+    put_driver(etcd_options, published(new, https_server.url, signer="x"))
     locator = locator_for(etcd_options, old, gone)
     client = DriverClient(gone, TOKEN, retry_for=1.5, tls_cert=old.cert_pem, locator=locator)
     try:
@@ -254,6 +264,11 @@ def assert_no_private_key_in(etcd: EtcdServer) -> None:
         assert b"PRIVATE KEY" not in file.read_bytes(), file
 
 
+def job_file_token(job_id: str) -> str:
+    """The token in this host's job file of `job_id` (etcd holds none)."""
+    return json.loads((runtime_dir() / f"{job_id}.json").read_bytes())["token"]
+
+
 def driver_document(etcd: EtcdServer, job_id: str) -> DriverAddress:
     key = EtcdOptions(parse_endpoints(etcd.endpoint)).job_key(job_id, "driver")
     return DriverAddress.model_validate_json(etcd_values(etcd)[key])
@@ -297,9 +312,10 @@ def test_a_tls_job_survives_a_driver_restart_with_no_key_in_etcd(
     second.wait_for(r"resuming job tls-")
     second.wait_for(r"round 2: 1 worker\(s\)", timeout=60)
     after = driver_document(etcd, job_id)
-    token = json.loads(etcd_values(etcd)[f"/elasticrun/{job_id}/secret"])["token"]
-    assert json.loads(etcd_values(etcd)[f"/elasticrun/{job_id}/secret"]) == {"token": token}
-    assert after.verified_cert(token) is not None and after.url.startswith("https://")
+    token = job_file_token(job_id)
+    assert f"/elasticrun/{job_id}/secret" not in etcd_values(etcd), "no token in etcd"
+    assert after.verified(token, job_id).cert_pem is not None
+    assert after.url.startswith("https://")
     if certificate == "self-signed":
         assert after.tls_cert != before.tls_cert, "a new certificate for the new driver"
     else:

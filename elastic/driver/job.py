@@ -28,6 +28,7 @@ from elastic.driver.discovery.watcher import HostWatcher
 from elastic.driver.errors import LaunchError, UsageError
 from elastic.driver.job_file import remove_job_file, urls_of, write_job_file
 from elastic.driver.journal.backend import StateBackend
+from elastic.driver.journal.job_token import GivenToken, find_token
 from elastic.driver.journal.journal import JobJournal, backend_for
 from elastic.driver.journal.memory import MemoryBackend, MemoryKeyValueStore
 from elastic.driver.journal.record import JobSpec
@@ -107,7 +108,8 @@ class Job:
             settings.backend.grace,
             self._lost_job,
         )
-        self._token = secrets.token_urlsafe(32)
+        given = settings.backend.token  # --token-file, $ELASTICRUN_TOKEN
+        self._token = given.token if given is not None else secrets.token_urlsafe(32)
         self._clock = clock
         self._kv = MemoryKeyValueStore()
         self._reports: Reports = asyncio.Queue()
@@ -191,7 +193,10 @@ class Job:
         assert self._result is not None
         resuming = "state" in documents
         if resuming:
-            self._restore(documents)
+            token = await asyncio.to_thread(  # it may ask at the terminal
+                find_token, self.job_id, self.settings.backend.token, "to take it up"
+            )
+            self._restore(documents, token)
             hosts = list(self._watcher.tracker.hosts if self.elastic else self.settings.hosts)
         elif self.elastic is not None:
             needed = self.elastic.min_np
@@ -218,8 +223,11 @@ class Job:
         self._environments = WorkerEnvironments(
             self.settings, endpoints, job_id=self.job_id, token=self._token
         )
-        tls_cert = endpoints.address(self._driver_id, self._token).tls_cert
-        job_file = write_job_file(self.job_id, self._token, endpoints.url, tls_cert)
+        tls_cert = endpoints.address(self._driver_id).tls_cert
+        job_file = write_job_file(
+            self.job_id, self._token, endpoints.url, tls_cert,
+            durable=self.settings.backend.durable,
+        )  # fmt: skip
         (log.info if self.elastic else log.debug)(
             "job %s: `elasticrun status --job-id %s` (also drain, undrain, stop); metrics at "
             "%s/metrics; its token is in %s", self.job_id, self.job_id, endpoints.url, job_file,
@@ -302,7 +310,7 @@ class Job:
                 job_id=self.job_id, created=time.time(),
                 settings=settings_document(self.settings), log_root=self._fleet.log_root,
             )  # fmt: skip
-        address = self._endpoints.address(self._driver_id, self._token)
+        address = self._endpoints.address(self._driver_id)
         await self._journal.publish(address, self._token, spec, self._snapshot, self._spawn)
 
     def _snapshot(self) -> bytes:
@@ -312,9 +320,12 @@ class Job:
             time.time() - self._clock(),
         )  # fmt: skip
 
-    def _restore(self, documents: dict[str, bytes]) -> None:
-        """Take the job up as the saved documents describe it (the saved settings win)."""
-        saved = resumed(documents, self.settings.backend)
+    def _restore(self, documents: dict[str, bytes], token: GivenToken) -> None:
+        """Take the job up as the saved documents describe it (the saved settings win), once
+        they verify with `token`; raises `LaunchError` (one line) before acting otherwise."""
+        saved = resumed(
+            documents, self.settings.backend, self.job_id, token, self._journal.backend.key_of
+        )
         if self.settings.command and self.settings.command != saved.settings.command:
             log.warning(
                 "job %s runs %s (as first started); ignoring this command line's command",

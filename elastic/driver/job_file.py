@@ -43,6 +43,7 @@ class JobFile(BaseModel):
     token: str = Field(repr=False)  # never in a traceback or a log line
     urls: DriverUrls
     tls_cert: str | None = None  # the driver's certificate (public PEM), with --tls
+    durable: bool = False  # etcd backend: the file outlives its driver, for the next one
 
 
 class JobIdTaken(LaunchError):
@@ -114,16 +115,24 @@ def runtime_dir(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path
 
 
 def write_job_file(
-    job_id: str, token: str, api: str, tls_cert: str | None = None, folder: Path | None = None
+    job_id: str,
+    token: str,
+    api: str,
+    tls_cert: str | None = None,
+    folder: Path | None = None,
+    *,
+    durable: bool = False,
 ) -> Path:
     """Write this driver's job file; return its path. Raises `LaunchError` (one line) when
-    the folder is a link, another user's, or cannot be made."""
+    the folder is a link, another user's, or cannot be made. `durable` (etcd backend): the
+    file is kept after its driver dies, as it holds the token a restarted driver needs
+    (`elastic.driver.journal.job_token`); the next driver's file replaces it."""
     folder = folder or runtime_dir()
     private_dir(str(folder))
     path = folder / f"{job_id}{SUFFIX}"
     record = JobFile(
         job_id=job_id, pid=os.getpid(), host=socket.gethostname(), started=time.time(),
-        token=token, urls=urls_of(api), tls_cert=tls_cert,
+        token=token, urls=urls_of(api), tls_cert=tls_cert, durable=durable,
     )  # fmt: skip
     temporary = folder / f".{job_id}.{os.getpid()}.tmp"
     fd = open_private(str(temporary), os.O_WRONLY | os.O_TRUNC)
@@ -152,7 +161,8 @@ def _alive(pid: int) -> bool:
 
 def read_job_files(folder: Path | None = None) -> tuple[list[JobFile], list[str]]:
     """The job files of running drivers on this host, oldest first, and one line for each
-    file that is unreadable or whose driver is gone (such a file is removed)."""
+    file that is unreadable or whose driver is gone (such a file is removed, but for an etcd
+    job's: it keeps the token for the job's next driver)."""
     folder = folder or runtime_dir()
     running, problems = [], []
     try:
@@ -166,6 +176,13 @@ def read_job_files(folder: Path | None = None) -> tuple[list[JobFile], list[str]
             problems.append(f"{path}: not a job file ({type(err).__name__})")
             continue
         if record.host == socket.gethostname() and not _alive(record.pid):
+            if record.durable:
+                problems.append(
+                    f"job {record.job_id}'s driver (pid {record.pid}) is gone; run the same "
+                    f"elasticrun command with --job-id {record.job_id} to take the job up "
+                    f"(it reads the token from {path})"
+                )
+                continue
             with contextlib.suppress(OSError):
                 path.unlink()  # nothing reaches that driver any more
             problems.append(

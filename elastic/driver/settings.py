@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from elastic.driver.discovery.cooldown import validate_cooldown_range
 from elastic.driver.discovery.hosts import MAX_SLOTS_PER_HOST, HostSpec
 from elastic.driver.errors import SettingsError, seconds
+from elastic.driver.journal.job_token import GivenToken
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.logs import LOG_FORMATS
 from elastic.protocol.env import ETCD_PASSWORD, CheckpointSettings
@@ -72,6 +73,7 @@ class BackendSettings:
     job_id: str | None = None  # None: a new job with a fresh id
     grace: float = 60.0  # seconds of etcd outage before the driver says so loudly
     driver_wait: float = 300.0  # seconds workers wait for a restarted driver
+    token: GivenToken | None = field(default=None, repr=False)  # --token-file, $ELASTICRUN_TOKEN
 
     def __post_init__(self) -> None:
         """Raise `SettingsError` for a job id that is not 1-64 letters, digits, '.', '_' or
@@ -84,7 +86,10 @@ class BackendSettings:
         if etcd is not None and (etcd.cert is None) != (etcd.key is None):
             raise SettingsError("--etcd-cert and --etcd-key go together")
         if etcd is not None and etcd.user is not None and not etcd.password:
-            raise SettingsError(f"--etcd-user needs the password in ${ETCD_PASSWORD}")
+            raise SettingsError(
+                "--etcd-user needs its password: --etcd-password-file FILE or "
+                f"$ELASTICRUN_ETCD_PASSWORD (or ${ETCD_PASSWORD})"
+            )
         if etcd is not None and not etcd.prefix.startswith("/"):
             raise SettingsError(f"--etcd-prefix must start with '/', got {etcd.prefix!r}")
         seconds(self.grace, "--etcd-grace")

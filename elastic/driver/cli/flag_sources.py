@@ -26,6 +26,9 @@ from typing import Any
 from elastic.driver.errors import UsageError
 
 ENV_PREFIX = "ELASTICRUN_"
+SECRET_VARIABLES = frozenset({"ELASTICRUN_TOKEN", "ELASTICRUN_ETCD_PASSWORD"})
+"""`ELASTICRUN_*` variables that carry a secret, which has no flag: read where it is needed
+(`journal/job_token.py`, `cli/backend_flags.py`), never taken for an unknown flag."""
 _TRUE = {"1", "true", "yes"}
 _FALSE = {"0", "false", "no"}
 _TYPE_WORDS = {int: "a whole number", float: "a number"}
@@ -116,6 +119,8 @@ def from_environment(
     unknown = []
     for variable in sorted(environ):
         if not variable.startswith(ENV_PREFIX) or environ[variable] == "":
+            continue
+        if variable in SECRET_VARIABLES:
             continue
         action = names.get(variable[len(ENV_PREFIX) :])
         if action is None:

@@ -3,8 +3,10 @@ running job.
 
 The driver is found by its job file (jobs this user started on this host; see
 `elastic.driver.job_file`) or, with --etcd-endpoints, by the job's documents in etcd (from
-any host that reaches etcd and the driver). The commands talk to the driver's HTTP API with
-the job's token; they never print it.
+any host that reaches etcd and the driver). etcd holds no token: through etcd the commands
+take it from --token-file, $ELASTICRUN_TOKEN, this host's job file or the terminal
+(`elastic.driver.journal.job_token`), and send it only to a driver address whose MAC verifies
+with it. The commands talk to the driver's HTTP API with the job's token; they never print it.
 
 Exit codes: 0 done; 1 no such job, a host the job does not know, or a driver that does not
 answer; 2 bad flags, or several running jobs and no --job-id.
@@ -15,22 +17,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from dataclasses import dataclass
 from urllib.parse import quote
 
 import httpx
 
-from elastic.driver.cli.backend_flags import FlagParser, add_etcd_flags, etcd_options
+from elastic.driver.cli.backend_flags import (
+    FlagParser,
+    add_etcd_flags,
+    add_token_flag,
+    etcd_options,
+)
 from elastic.driver.cli.etcd_status import PUBLIC, describe
 from elastic.driver.cli.status_text import render
 from elastic.driver.errors import LaunchError, UsageError
 from elastic.driver.job_file import SeveralJobs, find_job
 from elastic.driver.journal.backend import BackendError
 from elastic.driver.journal.etcd import EtcdBackend
-from elastic.driver.journal.record import JobSecret
+from elastic.driver.journal.job_token import find_token, given_token
 from elastic.protocol.env import AUTH_SCHEME
 from elastic.protocol.etcd import DriverAddress, EtcdOptions
+from elastic.protocol.etcd_trust import token_matches
 from elastic.protocol.http import DrainResponse, JobStatus, LoginCode, StopResponse
 from elastic.protocol.pinning import pinned_ssl_context
 
@@ -96,6 +105,7 @@ def build_parser(command: str) -> argparse.ArgumentParser:
         "jobs in etcd", "a job run with --backend etcd, from any host that reaches etcd"
     )
     add_etcd_flags(etcd, "where the job's state is")
+    add_token_flag(etcd)
     if command == "status":
         etcd.add_argument(
             "--saved",
@@ -112,6 +122,8 @@ def _etcd(args: argparse.Namespace) -> EtcdOptions | None:
         raise UsageError("--etcd-endpoints needs --job-id")
     if options is None and getattr(args, "saved", False):
         raise UsageError("--saved needs --etcd-endpoints")
+    if options is None and args.token_file is not None:
+        raise UsageError("--token-file needs --etcd-endpoints (a job file holds the token)")
     return options
 
 
@@ -123,23 +135,31 @@ async def _read(options: EtcdOptions, job_id: str) -> dict[str, bytes]:
         await backend.close()
 
 
-def _driver_in(job_id: str, documents: dict[str, bytes]) -> Driver | None:
-    """The running driver the documents name, or None (no such job, ended, no driver)."""
-    if "result" in documents or "driver" not in documents or "secret" not in documents:
+def _driver_in(args: argparse.Namespace, job_id: str, documents: dict[str, bytes]) -> Driver | None:
+    """The running driver the documents name, or None (no such job, ended, no driver).
+
+    Raises `LaunchError` (one line) when the job's token cannot be had (see the module), is
+    not the job's, or the published address does not verify with it: the token is sent
+    only to the job's own driver."""
+    if "result" in documents or "driver" not in documents:
         return None
-    address = DriverAddress.model_validate_json(documents["driver"])
-    token = JobSecret.model_validate_json(documents["secret"]).token
+    given = given_token(getattr(args, "token_file", None), os.environ)
+    token = find_token(job_id, given, "to reach its driver")
+    check = documents.get("token_check")
+    if check is not None and not token_matches(token.token, job_id, check):
+        raise LaunchError(f"the token from {token.source} is not job {job_id}'s")
     try:
-        cert = address.verified_cert(token)
+        address = DriverAddress.model_validate_json(documents["driver"])
+        address.verified(token.token, job_id)
     except ValueError as err:
-        raise LaunchError(f"job {job_id}'s published driver certificate: {err}") from None
-    return Driver(job_id, address.url, token, cert)
+        raise LaunchError(f"refusing to send the job's token there: {err}") from None
+    return Driver(job_id, address.url, token.token, address.cert_pem)
 
 
 def _status(args: argparse.Namespace, options: EtcdOptions | None) -> int:
     if options is not None:
         documents = asyncio.run(_read(options, args.job_id))
-        driver = None if args.saved else _driver_in(args.job_id, documents)
+        driver = None if args.saved else _driver_in(args, args.job_id, documents)
         if driver is None:  # asked for, ended, or between drivers: what etcd keeps
             if args.json:
                 public = {n: json.loads(documents[n]) for n in PUBLIC if n in documents}
@@ -171,7 +191,7 @@ def _find_driver(args: argparse.Namespace, options: EtcdOptions | None) -> Drive
         record = find_job(args.job_id)
         cert = record.tls_cert.encode() if record.tls_cert else None
         return Driver(record.job_id, record.urls.api, record.token, cert)
-    driver = _driver_in(args.job_id, asyncio.run(_read(options, args.job_id)))
+    driver = _driver_in(args, args.job_id, asyncio.run(_read(options, args.job_id)))
     if driver is None:
         raise LaunchError(f"job {args.job_id} has no running driver in etcd")
     return driver

@@ -2,7 +2,8 @@
 
 A driver `claim`s its job (at most one driver holds a job at a time), `load`s what an earlier
 driver of the job saved, `save`s documents while it holds the claim, and `release`s the claim
-when the job ends. Documents are named by `elastic.protocol.etcd.KEY_NAMES` and hold JSON.
+when the job ends. Documents are named by `elastic.protocol.etcd.KEY_NAMES` and hold JSON (a
+MAC, for `spec_mac`, `state_mac` and `token_check`).
 """
 
 from __future__ import annotations
@@ -70,3 +71,7 @@ class StateBackend(ABC):
 
     async def close(self) -> None:  # noqa: B027 - nothing to close by default
         """Release connections. Idempotent."""
+
+    def key_of(self, name: str) -> str:
+        """Where document `name` of the claimed job lives, for messages."""
+        return name

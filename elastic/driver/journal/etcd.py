@@ -13,6 +13,11 @@ the client) runs in this backend's own threads, never on the event loop, each re
 (tenacity) within a bounded time and each attempt bounded by `EtcdOptions.call_timeout`. The
 threads are its own so that a frozen etcd (calls that each take the whole timeout) and other
 work in the default pool (host name lookups) never wait for one another.
+
+With etcd's authentication on, a login etcd forgot (idle past its `--auth-token-ttl`, or lost
+in an etcd restart) is made again by the next attempt; a refusal (wrong password, a user
+without access to the prefix) is no outage: it raises `BackendError` at once, saying what to
+change.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import tenacity
 from pyetcd.exceptions import Etcd3Exception
 
 from elastic.driver.journal.backend import BackendError, ClaimLost, JobLocked, StateBackend
-from elastic.protocol.etcd import KEY_NAMES, EtcdOptions, connect
+from elastic.protocol.etcd import KEY_NAMES, EtcdOptions, connect, login_expired, refusal
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +80,19 @@ class EtcdBackend(StateBackend):
         for `retry_for` s."""
 
         def attempt() -> T:
-            if self._client is None:
-                self._client = connect(self.options)
-            return work(self._client)
+            client = self._client
+            try:
+                if client is None:
+                    client = self._client = connect(self.options)
+                return work(client)
+            except Exception as err:
+                if (refused := refusal(err, self.options)) is not None:
+                    raise BackendError(f"etcd at {self.where}: {refused}") from None
+                if login_expired(err) and self._client is client and client is not None:
+                    self._client = None  # the next attempt logs in again
+                    with contextlib.suppress(Exception):
+                        client.close()  # calls in flight on it fail and are retried
+                raise
 
         budget = self._retry_for if retry_for is None else retry_for
         try:
@@ -102,6 +117,9 @@ class EtcdBackend(StateBackend):
         if self._threads is None:
             self._threads = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="etcd")
         return await asyncio.get_running_loop().run_in_executor(self._threads, work)
+
+    def key_of(self, name: str) -> str:
+        return self._key(name)
 
     def _key(self, name: str, job_id: str | None = None) -> str:
         job = job_id or self._job_id

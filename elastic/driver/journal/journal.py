@@ -11,11 +11,12 @@ from elastic.driver.errors import LaunchError
 from elastic.driver.journal.backend import BackendError, JobLocked, StateBackend
 from elastic.driver.journal.etcd import EtcdBackend
 from elastic.driver.journal.memory import MemoryBackend
-from elastic.driver.journal.record import JobResult, JobSecret, JobSpec
+from elastic.driver.journal.record import JobResult, JobSpec
 from elastic.driver.journal.resume import describe_holder, holder_alive, holder_description
 from elastic.driver.journal.saver import StateSaver
 from elastic.driver.settings import BackendSettings
-from elastic.protocol.etcd import DriverAddress
+from elastic.protocol.etcd import SEALED, DriverAddress, mac_key
+from elastic.protocol.etcd_trust import document_mac, token_check
 
 
 def backend_for(settings: BackendSettings) -> StateBackend:
@@ -23,6 +24,17 @@ def backend_for(settings: BackendSettings) -> StateBackend:
     if settings.etcd is not None:
         return EtcdBackend(settings.etcd)
     return MemoryBackend()
+
+
+def sealed(documents: dict[str, bytes], token: str, job_id: str) -> dict[str, bytes]:
+    """`documents` with the MAC of each one a restarted driver acts on (`spec`, `state`)
+    under `token`, to save in the same transaction."""
+    macs = {
+        mac_key(name): document_mac(token, job_id, name, value).encode()
+        for name, value in documents.items()
+        if name in SEALED
+    }
+    return {**documents, **macs}
 
 
 class JobJournal:
@@ -33,6 +45,9 @@ class JobJournal:
     save never blocks the driver: `save_soon` asks a `StateSaver` that rides out outages,
     and `flush` waits (briefly) for the newest state to be saved. `on_lost()` is called when
     another driver took the job over; from then on nothing is saved.
+
+    No token is saved: `spec` and `state` go with their MACs under it (`sealed`), the driver's
+    address is signed with it, and `token_check` lets a restarted driver tell a wrong token.
     """
 
     def __init__(
@@ -49,6 +64,7 @@ class JobJournal:
         self._grace = grace
         self._on_lost = on_lost
         self._saver: StateSaver | None = None
+        self._token = ""  # set by `publish`
 
     @property
     def durable(self) -> bool:
@@ -89,25 +105,30 @@ class JobJournal:
         snapshot: Callable[[], bytes],
         spawn: Callable[[Coroutine[Any, Any, None]], None],
     ) -> None:
-        """Save this driver's address (it expires with the claim), the token, and for a new
-        job its `spec` and first state; then keep `snapshot()` saved (a task, via `spawn`).
-
-        The secret document is rewritten, which also drops a key an older version saved
-        there. Raises `LaunchError` when the backend refuses."""
+        """Save this driver's address signed with `token` (it expires with the claim) and the
+        token's check; for a new job its `spec` and first state; then keep `snapshot()` saved
+        (a task, via `spawn`). Raises `LaunchError` when the backend refuses."""
+        self._token = token
         documents = {
-            "driver": address.model_dump_json().encode(),
-            "secret": JobSecret(token=token).model_dump_json().encode(),
+            "driver": address.signed(token, self._job_id).model_dump_json().encode(),
+            "token_check": token_check(token, self._job_id).encode(),
         }
         if spec is not None:
             documents["spec"] = spec.model_dump_json().encode()
             documents["state"] = snapshot()
         try:
-            await self.backend.save(documents, expiring=frozenset({"driver"}))
+            await self.backend.save(self.sealed(documents), expiring=frozenset({"driver"}))
         except BackendError as err:
             raise LaunchError(f"cannot save the job in the state backend: {err}") from None
         if self.backend.durable:
-            self._saver = StateSaver(self.backend, snapshot, self._grace, self._on_lost)
+            self._saver = StateSaver(
+                self.backend, snapshot, self._grace, self._on_lost, seal=self.sealed
+            )
             spawn(self._saver.run())
+
+    def sealed(self, documents: dict[str, bytes]) -> dict[str, bytes]:
+        """`documents` with their MACs under this job's token (see `sealed`)."""
+        return sealed(documents, self._token, self._job_id)
 
     def save_soon(self) -> None:
         """Save the state as soon as the backend takes it (no-op before `publish`)."""
@@ -124,7 +145,7 @@ class JobJournal:
         result = JobResult(code=code, message=message, ended=time.time())
         with contextlib.suppress(BackendError):
             await self.backend.save(
-                {"state": snapshot, "result": result.model_dump_json().encode()}
+                self.sealed({"state": snapshot, "result": result.model_dump_json().encode()})
             )
 
     async def close(self) -> None:

@@ -1,23 +1,15 @@
 """The documents a driver saves about its job, as JSON: enough for a restarted driver to resume.
 
-Times are wall-clock (`time.time()`): a restarted driver has a new monotonic clock.
+Times are wall-clock (`time.time()`): a restarted driver has a new monotonic clock. The token
+is not among them: a restarted driver is given it (`elastic.driver.journal.job_token`) and
+checks these documents' MACs with it. No TLS private key is saved either: a restarted driver
+re-reads the user's `--tls-key` file (its path is in the saved settings) or makes a new
+self-signed certificate, which it publishes, signed with the token, in its `DriverAddress`.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
-
-
-class JobSecret(BaseModel):
-    """The job token: workers authenticate with it, so a restarted driver must keep it.
-
-    Nothing else: no TLS private key is ever saved. A restarted driver re-reads the user's
-    `--tls-key` file (its path is in the saved settings) or makes a new self-signed
-    certificate, which it publishes, authenticated with this token, in its `DriverAddress`.
-    Documents saved by older versions may hold `tls_cert`/`tls_key`: they are ignored.
-    """
-
-    token: str
 
 
 class JobSpec(BaseModel):

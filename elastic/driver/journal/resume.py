@@ -1,4 +1,10 @@
-"""What a driver saves about its job and how a restarted driver takes it up again."""
+"""What a driver saves about its job and how a restarted driver takes it up again.
+
+A restarted driver acts on nothing it read from etcd before `check_saved` passed: the token it
+was given must match the job's `token_check`, and `spec` and `state` must carry their MACs
+under that token (`elastic.protocol.etcd_trust`). Else it refuses, in one line, having run
+nothing.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,9 +20,10 @@ from pydantic import TypeAdapter
 
 from elastic.driver.discovery.hosts import parse_host_list
 from elastic.driver.discovery.tracker import HostTracker
+from elastic.driver.errors import LaunchError
+from elastic.driver.journal.job_token import HOW, GivenToken
 from elastic.driver.journal.record import (
     CooldownRecord,
-    JobSecret,
     JobSpec,
     JobState,
     WorkerRecord,
@@ -24,6 +31,8 @@ from elastic.driver.journal.record import (
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.settings import BackendSettings, Settings
 from elastic.driver.workers import Worker, WorkerState
+from elastic.protocol.etcd import LEGACY_SECRET, SEALED, mac_key
+from elastic.protocol.etcd_trust import document_authentic, token_matches
 
 ADOPT_GRACE = 10.0  # seconds a re-adopted worker has to reach the new driver
 ENDED_KEPT = 100  # records of ended workers a snapshot keeps (the newest)
@@ -149,6 +158,50 @@ def snapshot(
     return state.model_dump_json().encode()
 
 
+class SavedJobRefused(LaunchError):
+    """What etcd holds of a job cannot be trusted with the token given: a wrong token, a
+    document changed by someone other than the job's driver, a job saved by an older version.
+    The message is one line that names the key and what to do."""
+
+
+def check_saved(
+    documents: dict[str, bytes], job_id: str, token: GivenToken, key_of: Callable[[str], str]
+) -> None:
+    """Raise `SavedJobRefused` unless `token` is job `job_id`'s and `spec` and `state` carry
+    valid MACs under it (`key_of(name)`: where document `name` lives, for the message)."""
+    check = documents.get("token_check")
+    if check is None and LEGACY_SECRET in documents:
+        raise SavedJobRefused(
+            f"job {job_id} was saved by an older elasticrun, which kept its token in etcd in "
+            f"clear ({key_of(LEGACY_SECRET)}) and did not authenticate what the job runs: "
+            "this version does not take it up; finish it with the version that started it, "
+            "or delete its keys and start it again (see docs/security.md)"
+        )
+    if check is None:
+        raise SavedJobRefused(
+            f"job {job_id} has no {key_of('token_check')} in etcd: its keys were not all "
+            "written by its driver; refusing to take it up (nothing was run). `elasticrun "
+            f"status --saved --job-id {job_id}` shows what etcd holds"
+        )
+    if not token_matches(token.token, job_id, check):
+        raise SavedJobRefused(
+            f"the token from {token.source} is not job {job_id}'s (it does not match "
+            f"{key_of('token_check')}): {HOW}"
+        )
+    for name in SEALED:
+        value = documents.get(name)
+        if value is None or not document_authentic(
+            token.token, job_id, name, value, documents.get(mac_key(name))
+        ):
+            raise SavedJobRefused(
+                f"job {job_id}'s {name} in etcd ({key_of(name)}) does not verify with the "
+                "job's token: someone other than its driver changed it, so nothing was run. "
+                f"Find who can write {key_of('')} in etcd (`elasticrun status --saved "
+                f"--job-id {job_id}` shows what it holds), then delete the job's keys and "
+                "start it again"
+            )
+
+
 @dataclass
 class Resumed:
     """A job as an earlier driver saved it."""
@@ -163,18 +216,26 @@ class Resumed:
 SERIAL_GAP = 1000  # worker numbers a restarted driver skips
 
 
-def resumed(documents: dict[str, bytes], backend: BackendSettings) -> Resumed:
-    """Read the saved documents (the saved settings, with this driver's `backend`).
+def resumed(
+    documents: dict[str, bytes],
+    backend: BackendSettings,
+    job_id: str,
+    token: GivenToken,
+    key_of: Callable[[str], str],
+) -> Resumed:
+    """Read the saved documents (the saved settings, with this driver's `backend`), once
+    `check_saved` passed (else `SavedJobRefused`).
 
     The dead driver may have launched workers after its last save (etcd down): the serial
     skips `SERIAL_GAP` numbers so that their ids are never given to new workers."""
+    check_saved(documents, job_id, token, key_of)
     spec = JobSpec.model_validate_json(documents["spec"])
     state = JobState.model_validate_json(documents["state"])
     state.serial += SERIAL_GAP
     return Resumed(
         settings=settings_from(spec.settings, backend),
         log_root=spec.log_root,
-        token=JobSecret.model_validate_json(documents["secret"]).token,
+        token=token.token,
         state=state,
         workers=[worker_from(record) for record in state.workers],
     )

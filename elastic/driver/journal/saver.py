@@ -27,6 +27,7 @@ class StateSaver:
     memory, and the saver retries. The outage is logged once when it starts, clearly once it
     outlasts `grace` seconds (then every 10 s), and once when it ends, after the newest state
     is saved. `on_lost()` is called if the backend says another driver took the job.
+    `seal` adds what goes with the state in the same save (its MAC).
     """
 
     def __init__(
@@ -36,8 +37,10 @@ class StateSaver:
         grace: float,
         on_lost: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
+        seal: Callable[[dict[str, bytes]], dict[str, bytes]] = dict,
     ) -> None:
         self._backend = backend
+        self._seal = seal
         self._snapshot = snapshot
         self._grace = grace
         self._on_lost = on_lost
@@ -82,7 +85,7 @@ class StateSaver:
                 self._mark_done(covered)
                 continue
             try:
-                await self._backend.save({"state": document})
+                await self._backend.save(self._seal({"state": document}))
             except ClaimLost:
                 self._on_lost()
                 return

@@ -14,7 +14,7 @@ from elastic.driver.server.services import Services
 from elastic.driver.server.sessions import PageSessions, cookie_name
 from elastic.driver.server.tls import TlsIdentity
 from elastic.driver.settings import Settings
-from elastic.protocol.etcd import DriverAddress, certificate_mac
+from elastic.protocol.etcd import DriverAddress
 from elastic.protocol.http import SlotInfo
 
 log = logging.getLogger("elasticrun")
@@ -116,9 +116,9 @@ class Endpoints:
         await self._control.stop(grace=0.5)
         await self._http.stop()
 
-    def address(self, driver_id: str, token: str) -> DriverAddress:
-        """Where workers find this driver, as published in the journal. With TLS it carries
-        the certificate and its MAC under the job token, so workers of an earlier driver pin
+    def address(self, driver_id: str) -> DriverAddress:
+        """Where workers find this driver, as the journal publishes it (signed there with the
+        job token). With TLS it carries the certificate, so workers of an earlier driver pin
         it (a restarted driver's certificate is new); no private key is ever published."""
         cert = self.tls.cert_pem if self.tls is not None else None
         return DriverAddress(
@@ -128,5 +128,4 @@ class Endpoints:
             host=os.uname().nodename,
             pid=os.getpid(),
             tls_cert=cert.decode() if cert is not None else None,
-            tls_cert_mac=certificate_mac(token, cert) if cert is not None else None,
         )
