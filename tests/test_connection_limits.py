@@ -9,19 +9,21 @@ import pytest
 from elastic.driver.connection_limits import OverLimitLog, WaitingConnections
 
 
-def test_a_peer_at_its_share_makes_room_with_its_own_oldest() -> None:
+def test_past_its_share_a_peer_loses_its_own_oldest_and_the_young_are_spared() -> None:
     waiting: WaitingConnections[str] = WaitingConnections(max_total=4, max_per_peer=2)
-    waiting.add("a1", "A", 1.0)
-    waiting.add("b1", "B", 2.0)
-    assert waiting.to_evict("A") is None
-    waiting.add("a2", "A", 3.0)
-    assert waiting.to_evict("A") == "a1", "A holds its share: its oldest goes"
-    waiting.add("c1", "C", 4.0)
-    assert waiting.to_evict("D") == "a1", "all places taken: everyone's oldest goes"
+    for name, peer, opened in [("a1", "A", 1), ("b1", "B", 2), ("a2", "A", 3), ("a3", "A", 4)]:
+        waiting.add(name, peer, opened)
+    assert waiting.over_limits(opened_before=10) == ["a1"], "A has 3, its share is 2"
+    assert waiting.over_limits(opened_before=1) == [], "a1 is in its grace"
+    waiting.add("c1", "C", 5)
+    assert waiting.over_limits(opened_before=10) == ["a1"], "5 wait: one must go, A's oldest"
+    waiting.add("c2", "C", 6)
+    assert waiting.over_limits(opened_before=10) == ["a1", "b1"], "then everyone's oldest"
+    assert waiting.over_limits(opened_before=4) == [], "the young ones do not count"
     waiting.discard("a1")
-    assert waiting.of_peer("A") == 1 and len(waiting) == 3
-    assert list(waiting.opened_before(3.5)) == ["b1", "a2"]
-    for name in ("b1", "a2", "c1"):
+    assert waiting.of_peer("A") == 2 and len(waiting) == 5
+    assert waiting.opened_before(3.5) == ["b1", "a2"]
+    for name in ("b1", "a2", "a3", "c1", "c2"):
         waiting.discard(name)
     assert len(waiting) == 0 and waiting.of_peer("A") == 0 and waiting.oldest() is None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 Connection = TypeVar("Connection", bound=Hashable)
@@ -15,10 +15,10 @@ Connection = TypeVar("Connection", bound=Hashable)
 class WaitingConnections(Generic[Connection]):
     """Connections waiting to authenticate, oldest first, with their peer and opening time.
 
-    At most `max_total` wait, and at most `max_per_peer` from one peer address: `to_evict`
-    names the connection to close (the peer's oldest, or everyone's oldest) before one more
-    from a peer is let in. Memory is bounded by the number of connections waiting: a peer with
-    none waiting is forgotten.
+    Of those that have waited past a grace, at most `max_total` should stay, and at most
+    `max_per_peer` from one peer address: `over_limits` names the oldest ones past those
+    numbers, for the caller to close. Memory is bounded by the number of connections waiting:
+    a peer with none waiting is forgotten.
     """
 
     def __init__(self, max_total: int, max_per_peer: int) -> None:
@@ -40,8 +40,8 @@ class WaitingConnections(Generic[Connection]):
         return len(self._of_peer.get(peer, ()))
 
     def add(self, connection: Connection, peer: str, opened: float) -> None:
-        """`connection` from `peer`, opened at `opened` (a monotonic time), now waits. Make
-        room first (`to_evict`): this does not check the limits."""
+        """`connection` from `peer`, opened at `opened` (a monotonic time, not before the
+        last one added), now waits. The limits are not checked here (`over_limits`)."""
         self._all[connection] = (peer, opened)
         self._of_peer.setdefault(peer, {})[connection] = None
 
@@ -61,26 +61,42 @@ class WaitingConnections(Generic[Connection]):
         """The connection that has waited longest; None when none waits."""
         return next(iter(self._all), None)
 
-    def to_evict(self, peer: str) -> Connection | None:
-        """The connection to close before one more from `peer` may wait: `peer`'s oldest when
-        it has `max_per_peer` waiting, else everyone's oldest when `max_total` wait; None when
-        there is room."""
-        waiting = self._of_peer.get(peer)
-        if waiting is not None and len(waiting) >= self.max_per_peer:
-            return next(iter(waiting))
-        if len(self._all) >= self.max_total:
-            return self.oldest()
-        return None
-
-    def opened_before(self, moment: float) -> Iterator[Connection]:
-        """The waiting connections opened before `moment`, oldest first (a snapshot: the
-        caller may discard them while iterating)."""
+    def opened_before(self, moment: float) -> list[Connection]:
+        """The waiting connections opened before `moment`, oldest first."""
         expired = []
         for connection, (_, opened) in self._all.items():
             if opened >= moment:
                 break
             expired.append(connection)
-        return iter(expired)
+        return expired
+
+    def over_limits(self, opened_before: float) -> list[Connection]:
+        """The connections to close among those opened before `opened_before` (younger ones
+        are given that long to authenticate, and are not counted): first the oldest of each
+        peer with more than `max_per_peer` such connections, then everyone's oldest while
+        more than `max_total` remain."""
+        if len(self._all) <= min(self.max_total, self.max_per_peer):
+            return []
+        old: list[tuple[Connection, str]] = []
+        counts: dict[str, int] = {}
+        for connection, (peer, opened) in self._all.items():
+            if opened >= opened_before:
+                break
+            old.append((connection, peer))
+            counts[peer] = counts.get(peer, 0) + 1
+        chosen: dict[Connection, None] = {}
+        for connection, peer in old:
+            if counts[peer] > self.max_per_peer:
+                chosen[connection] = None
+                counts[peer] -= 1
+        left = len(old) - len(chosen)
+        for connection, _ in old:
+            if left <= self.max_total:
+                break
+            if connection not in chosen:
+                chosen[connection] = None
+                left -= 1
+        return list(chosen)
 
 
 class OverLimitLog:

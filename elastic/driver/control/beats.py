@@ -33,6 +33,7 @@ from elastic.driver.control.port_limits import (
     HELLO_WITHIN,
     READ_PER_LOOK,
     STRANGER_BYTES,
+    STRANGER_GRACE,
     BeatPortLimits,
 )
 from elastic.driver.control.refusals import check_id, refusal
@@ -176,12 +177,13 @@ class BeatServer:
             self._socket = None
 
     def _look(self) -> None:
-        """One pass: accept, read every connection with data, close silent strangers."""
+        """One pass: accept, read every connection with data, close silent strangers and
+        those past the strangers' caps."""
         try:
             self._looks += 1
             self._take_ready()
             if self._strangers:
-                self._close_silent(time.monotonic() - self.hello_within)
+                self._trim_strangers(time.monotonic())
         except Exception:
             log.exception("driver error reading heartbeats")
         finally:
@@ -220,7 +222,7 @@ class BeatServer:
                 self._over_limit.note(f"cannot accept connections ({err.strerror or err})")
                 return
             peer = str(address[0])
-            if not self._make_room(peer):
+            if not self._make_room():
                 sock.close()
                 self._over_limit.note(
                     f"refused connections: {self.limits.max_connections} are open, all of "
@@ -236,19 +238,9 @@ class BeatServer:
             self._poll.register(sock.fileno(), _READ)
             self._read(connection)  # a hello may be there already
 
-    def _make_room(self, peer: str) -> bool:
-        """Close strangers until one more connection from `peer` is within the limits; False
+    def _make_room(self) -> bool:
+        """Close the oldest strangers until one more connection fits `max_connections`; False
         when every open connection has said hello and the port holds its most."""
-        while (oldest := self._strangers.to_evict(peer)) is not None:
-            per_peer = self._strangers.of_peer(peer) >= self._strangers.max_per_peer
-            self._evict(
-                oldest,
-                f"closed the oldest of {self._strangers.max_per_peer} connections from one "
-                "address without a hello"
-                if per_peer
-                else f"closed the oldest of {self._strangers.max_total} connections without "
-                "a hello",
-            )
         while len(self._connections) >= self.limits.max_connections:
             if (oldest := self._strangers.oldest()) is None:
                 return False
@@ -258,6 +250,25 @@ class BeatServer:
                 "are open",
             )
         return True
+
+    def _trim_strangers(self, now: float) -> None:
+        """Close the strangers that said no hello within `hello_within`, then the oldest of
+        those older than `STRANGER_GRACE` past the strangers' caps (per address, then all)."""
+        for connection in self._strangers.opened_before(now - self.hello_within):
+            self._over_limit.note(
+                f"closed connections that said no hello within {self.hello_within:g} s"
+            )
+            self._close(connection)
+        for connection in self._strangers.over_limits(now - STRANGER_GRACE):
+            crowded = self._strangers.of_peer(connection.peer) > self._strangers.max_per_peer
+            self._evict(
+                connection,
+                f"closed the oldest connections without a hello of an address with more than "
+                f"{self._strangers.max_per_peer}"
+                if crowded
+                else f"closed the oldest of more than {self._strangers.max_total} connections "
+                "without a hello",
+            )
 
     def _evict(self, connection: _Connection, reason: str) -> None:
         """Make `connection` stop waiting for its hello: read what it sent (a worker's hello
@@ -346,14 +357,6 @@ class BeatServer:
         with contextlib.suppress(OSError, ValueError):
             connection.sock.send(refused_frame(code, details))
         self._close(connection)
-
-    def _close_silent(self, opened_before: float) -> None:
-        """Close the strangers opened before `opened_before` (they said no hello in time)."""
-        for connection in self._strangers.opened_before(opened_before):
-            self._over_limit.note(
-                f"closed connections that said no hello within {self.hello_within:g} s"
-            )
-            self._close(connection)
 
     def _close(self, connection: _Connection) -> None:
         self._strangers.discard(connection)

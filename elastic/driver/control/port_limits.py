@@ -2,11 +2,14 @@
 
 Heartbeat port (`BeatPortLimits`, served by `BeatServer`): a connection that has not said
 HELLO with the job token (a *stranger*) may buffer at most one frame and must say it within
-`HELLO_WITHIN` seconds; at most `max_strangers` wait, `max_strangers_per_peer` of them from
-one address, and one more closes the oldest (after reading what it sent: a worker's hello
-arrives with its connection). Authenticated connections count toward `max_connections` only:
-they hold the job token, and many workers may share one address (a host's slots, a test bed
-on loopback). Every connection is read `READ_PER_LOOK` bytes a look at most.
+`HELLO_WITHIN` seconds. At most `max_connections` are open: one more closes the oldest
+stranger (after reading what it sent: a worker's hello arrives with its connection), or itself
+when every connection has said hello. A stranger older than `STRANGER_GRACE` counts against
+`max_strangers` and `max_strangers_per_peer` (of one address), and the oldest past them are
+closed the same way at each look; the grace lets a burst of workers connecting at once (a
+driver restart, a test bed on loopback) say hello first. Connections that said hello count
+toward `max_connections` only: they hold the job token, and many workers may share one address.
+Every connection is read `READ_PER_LOOK` bytes a look at most.
 
 gRPC port (`GrpcPortLimits`, gRPC core's own channel arguments): a connection that has not sent
 its HTTP/2 SETTINGS within `handshake_timeout` (after TLS, with TLS) is closed, one with no
@@ -32,6 +35,7 @@ from elastic.protocol.beats import MAX_FRAME
 HELLO_WITHIN = 10.0  # seconds a new heartbeat connection has to say who it is
 MAX_STRANGERS = 1_024  # heartbeat connections without a hello, at most
 MAX_STRANGERS_PER_PEER = 256  # of them from one address, at most
+STRANGER_GRACE = 3.0  # seconds a stranger may wait before those two caps count it
 STRANGER_BYTES = 2 + MAX_FRAME  # bytes a stranger may have buffered: one frame, its length
 READ_PER_LOOK = 8 * 1024  # bytes read from one connection per look: two frames, ~75 beats
 
