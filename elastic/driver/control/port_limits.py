@@ -33,7 +33,7 @@ from elastic.driver.descriptors import descriptor_budget
 from elastic.protocol.beats import MAX_FRAME
 
 HELLO_WITHIN = 10.0  # seconds a new heartbeat connection has to say who it is
-MAX_STRANGERS = 1_024  # heartbeat connections without a hello, at most
+MAX_STRANGERS = 1_024  # heartbeat connections without a hello past the grace, at most
 MAX_STRANGERS_PER_PEER = 256  # of them from one address, at most
 STRANGER_GRACE = 3.0  # seconds a stranger may wait before those two caps count it
 STRANGER_BYTES = 2 + MAX_FRAME  # bytes a stranger may have buffered: one frame, its length
