@@ -24,10 +24,20 @@ from typing import Any
 import grpc
 import pytest
 
+from elastic.driver.cli.backend_flags import ETCD_PASSWORD_VARIABLE
+from elastic.driver.cli.flag_sources import SECRET_VARIABLES, from_environment
+from elastic.driver.cli.main import build_parser
 from elastic.driver.errors import UsageError
+from elastic.driver.job_file import read_job_files, write_job_file
 from elastic.driver.journal.backend import BackendError
 from elastic.driver.journal.etcd import EtcdBackend
-from elastic.driver.journal.job_token import GivenToken, TokenMissing, find_token, given_token
+from elastic.driver.journal.job_token import (
+    TOKEN_VARIABLE,
+    GivenToken,
+    TokenMissing,
+    find_token,
+    given_token,
+)
 from elastic.driver.journal.journal import sealed
 from elastic.driver.journal.resume import SavedJobRefused, check_saved
 from elastic.protocol.etcd import DriverAddress, connect
@@ -133,6 +143,34 @@ def test_a_token_comes_from_the_file_the_variable_the_job_file_or_the_terminal(
         "job other's token is needed to take it up, and etcd does not hold it: give it with "
         "--token-file FILE or $ELASTICRUN_TOKEN"
     )
+
+
+def test_the_secret_variables_name_no_flag_and_are_not_warned_about() -> None:
+    parser = build_parser()
+    environ = {"ELASTICRUN_TOKEN": TOKEN, "ELASTICRUN_ETCD_PASSWORD": "pw", "ELASTICRUN_NP": "2"}
+    found, unknown = from_environment(parser, environ)
+    assert (found.values, unknown) == ({"np": 2}, [])
+    assert {TOKEN_VARIABLE, ETCD_PASSWORD_VARIABLE} == SECRET_VARIABLES
+
+
+def test_an_etcd_jobs_file_outlives_its_dead_driver_for_the_next_one(tmp_path: Path) -> None:
+    """`elasticrun status` run while no driver runs an etcd job leaves its job file (the token
+    a restarted driver reads); a memory job's file is removed as before."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for job_id, durable in (("kept", True), ("gone", False)):
+        path = write_job_file(job_id, "k" * 43, "http://h:1", folder=tmp_path, durable=durable)
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, "pid": dead.pid}))
+    running, problems = read_job_files(tmp_path)
+    assert running == [] and (tmp_path / "kept.json").exists()
+    assert not (tmp_path / "gone.json").exists()
+    assert problems[0] == (
+        f"job gone's driver (pid {dead.pid}) is gone; removed {tmp_path / 'gone.json'}"
+    )
+    assert problems[1].startswith(f"job kept's driver (pid {dead.pid}) is gone; run the same")
+    found = find_token("kept", None, "to take it up", folder=tmp_path, ask=lambda _: None)
+    assert found.token == "k" * 43
 
 
 # --- the etcd client against etcd with TLS and users -------------------------------------------

@@ -8,7 +8,9 @@ from dataclasses import replace
 from elastic.driver.discovery import HostTracker
 from elastic.driver.discovery.cooldown import Cooldown
 from elastic.driver.discovery.hosts import HostSpec
-from elastic.driver.journal.record import JobSecret, JobSpec
+from elastic.driver.journal.job_token import GivenToken
+from elastic.driver.journal.journal import sealed
+from elastic.driver.journal.record import JobSpec
 from elastic.driver.journal.resume import (
     ENDED_KEPT,
     SERIAL_GAP,
@@ -23,9 +25,10 @@ from elastic.driver.journal.resume import (
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.settings import BackendSettings, ElasticSettings, Settings
 from elastic.driver.workers import Worker
+from elastic.protocol.etcd_trust import token_check
 from tests.policy_views import LV, F, L, M, X, worker
 
-TOKEN = "s3cret-token-value"
+TOKEN = "s3cret-token-value-" + "v" * 20
 COOLDOWN = 10.0  # seconds a failed host is excluded (no jitter: the range is one value)
 SETTINGS = Settings(
     np=None, hosts=[], command=["python", "train.py"],
@@ -57,12 +60,9 @@ def saved_and_read(
     spec = JobSpec(
         job_id="run-7", created=0.0, settings=settings_document(SETTINGS), log_root="/tmp/r7"
     )
-    documents = {
-        "spec": spec.model_dump_json().encode(),
-        "state": state,
-        "secret": JobSecret(token=TOKEN).model_dump_json().encode(),
-    }
-    return resumed(documents, BACKEND)
+    documents = sealed({"spec": spec.model_dump_json().encode(), "state": state}, TOKEN, "run-7")
+    documents["token_check"] = token_check(TOKEN, "run-7").encode()
+    return resumed(documents, BACKEND, "run-7", GivenToken(TOKEN, "the test"), str)
 
 
 def fleet() -> list[Worker]:

@@ -96,7 +96,7 @@ def test_bad_elastic_settings_are_refused(changes: dict[str, Any], message: str)
         ({"grace": 0.0}, "--etcd-grace must be positive"),
         ({"driver_wait": math.inf}, "--driver-wait must be positive"),
         ({"etcd": replace(ETCD, cert="c.pem")}, "--etcd-cert and --etcd-key go together"),
-        ({"etcd": replace(ETCD, user="u")}, "--etcd-user needs the password in $ELASTIC_ETCD"),
+        ({"etcd": replace(ETCD, user="u")}, "--etcd-user needs its password: --etcd-password"),
         ({"etcd": replace(ETCD, prefix="jobs")}, "--etcd-prefix must start with '/', got 'jobs'"),
     ],
 )
