@@ -32,9 +32,9 @@ from tests.conftest import RunningJob, pids_alive, processes_naming, write_scrip
 from tests.etcd_server import EtcdServer
 from tests.test_driver_restart import (
     durable_args,
+    job_file_token,
     kill_a_worker_while_the_driver_is_away,
     kill_driver,
-    saved_token,
     status,
     wait_for_file_line,
 )
@@ -118,7 +118,7 @@ def test_remote_workers_outlive_a_killed_driver_and_the_next_one_adopts_them(
     # Under the remote login's $TMPDIR, not the driver's.
     assert {f.parent for f in folders.values()} == {sshd.tmpdir / "elasticrun-remote1"}
     keepers = [w["process_id"] for w in workers]
-    token = saved_token(etcd, "remote1")
+    token = job_file_token("remote1")
     assert processes_naming(token) == {}, "the token is on no command line"
     assert all(b"elastic.driver.launch.keeper" in Path(f"/proc/{p}/cmdline").read_bytes()
                for p in keepers), keepers  # fmt: skip
