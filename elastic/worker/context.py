@@ -1,7 +1,9 @@
 """The worker runtime's single process-wide context.
 
 `init()` creates it, `shutdown()` clears it; every collective reads it through `current()`.
-This is the only module-level mutable state in the package.
+What outlives rounds and `shutdown()` (the membership a later `init()` takes up again, the
+process's settings) is in `process_wide()`. This is the only module-level mutable state in
+the package.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class WorkerContext:
     store: dist.Store | None = None  # this epoch's store (the driver's KV under its prefix)
     peers: PeerWatch | None = None  # probes the peers of a collective that stays blocked
     in_flight: set[str] = field(default_factory=set)  # names of asynchronous calls not yet done
+    # groups formed in this round before this one: init() after shutdown() forms another
+    formation: int = 0
 
     @property
     def rank(self) -> int:
@@ -78,6 +82,10 @@ class ProcessWide:
     # weak references to DistributedOptimizers' gradient reducers, in order of creation
     optimizers: list[Any] = field(default_factory=list)
     progress: Progress = field(default_factory=Progress)  # what its heartbeats say it does
+    # Between `shutdown()` and the next `init()`: the context of the round it left, its group
+    # released. The worker is still a member of the job (its driver connections, heartbeats
+    # and events are kept); `init()` takes this up again.
+    dormant: WorkerContext | None = None
 
 
 _current: WorkerContext | None = None

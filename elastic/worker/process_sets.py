@@ -25,6 +25,7 @@ __all__ = [
     "ProcessSet",
     "Scope",
     "add_process_set",
+    "clear_process_sets",
     "global_process_set",
     "remove_process_set",
     "scope",
@@ -120,6 +121,22 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     registry.remove(process_set)
     process_set.process_set_id = None
     return True
+
+
+def clear_process_sets(keep_groups_alive: bool) -> None:
+    """Unregister every process set, as Horovod's `shutdown()` does: each one's id becomes
+    None and its group is forgotten; after the next `init()` the global set is the only one
+    and ids start again at 1 (a set may be added again). `keep_groups_alive`: the round's
+    default group is abandoned, not destroyed (a collective may still be blocked), and so
+    are the sets' groups (`context.bury`)."""
+    registry = context.process_wide().process_sets
+    for process_set in registry:
+        if keep_groups_alive and process_set._group is not None:
+            abort_nccl(process_set._group)
+            context.bury(process_set._group)
+        process_set.process_set_id = None
+        process_set._group, process_set._round = None, -1
+    registry.clear()
 
 
 @dataclass(frozen=True)

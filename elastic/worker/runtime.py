@@ -4,32 +4,28 @@ worker's place in the job."""
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
 import torch.distributed as dist
 
-from elastic.protocol.env import slot_variables
-from elastic.protocol.http import SlotInfo
 from elastic.worker import context
-from elastic.worker.client import DriverClient, EpochSuperseded, NotMemberError
+from elastic.worker.client import DriverClient, NotMemberError
 from elastic.worker.config import WorkerConfig
 from elastic.worker.control import ControlClient, ControlError
 from elastic.worker.errors import WorkerLostError
+from elastic.worker.formation import InitTimeoutError, enter_next_round, form_again
 from elastic.worker.gloo_interface import choose_gloo_interface, source_address
 from elastic.worker.locator import DriverLocator
-from elastic.worker.membership import OFFER_WAIT, MembershipEvents, Offer
+from elastic.worker.membership import MembershipEvents, Offer
 from elastic.worker.preemption import PreemptionWatch
-from elastic.worker.process_group import abandon_group, create_group, device_for
-from elastic.worker.process_sets import add_process_set
-from elastic.worker.reachability import PeerWatch, ProbeResponder, probe_round
-from elastic.worker.store import DriverStore
+from elastic.worker.process_group import abandon_group
+from elastic.worker.process_sets import add_process_set, clear_process_sets
+from elastic.worker.reachability import PeerWatch, ProbeResponder
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +34,7 @@ def init(comm: Any = None, process_sets: Sequence[Any] | None = None) -> None:
     """Join the rendezvous and form the process group. Calling it again does nothing.
     `process_sets` (Horovod's static process sets) are added once the group is formed;
     `comm` (an MPI communicator or rank list in Horovod) raises `NotImplementedError`.
-    On return `os.environ` holds this worker's rank variables (`_publish_slot`), a worker that
+    On return `os.environ` holds this worker's rank variables (`publish_slot`), a worker that
     joined a running job included.
 
     Raises `NotLaunchedError` when the process was not started by `elasticrun` and
@@ -48,6 +44,11 @@ def init(comm: Any = None, process_sets: Sequence[Any] | None = None) -> None:
     worker leave at its next commit (`leave_on_sigterm`). Unless the user set
     `GLOO_SOCKET_IFNAME`, it is set to the interface that reaches the driver, so ranks on
     other hosts can connect (`gloo_interface`).
+
+    After `shutdown()` it takes this worker's membership up again (`_resume`): the round
+    the driver moved on to meanwhile, else a new group in the same round, which every rank
+    reaches by calling `init()` as often as the others; `InitTimeoutError` when some rank
+    does not call it within `--start-timeout`.
     """
     if comm is not None:
         raise NotImplementedError(
@@ -57,6 +58,16 @@ def init(comm: Any = None, process_sets: Sequence[Any] | None = None) -> None:
         )
     if context.is_initialized():
         return
+    if (dormant := context.process_wide().dormant) is not None:
+        _resume(dormant)
+    else:
+        _start()
+    for process_set in process_sets or ():
+        add_process_set(process_set)
+
+
+def _start() -> None:
+    """The process's first `init()`: connect to the driver, enter the first round."""
     config = WorkerConfig.from_env()
     driver_host = urlsplit(config.driver_url).hostname
     if driver_host:
@@ -99,7 +110,7 @@ def init(comm: Any = None, process_sets: Sequence[Any] | None = None) -> None:
     if config.slot is not None:  # one of the job's first workers: round 1 formed before launch
         events.offer(Offer(1, config.slot))
     try:
-        _enter_next_epoch(config, client, control, events, peers, 0, config.start_timeout)
+        enter_next_round(config, client, control, events, peers, 0, config.start_timeout)
     except NotMemberError:
         _close(control, client, peers)
         log.info("this worker leaves the job before it joined")
@@ -109,8 +120,44 @@ def init(comm: Any = None, process_sets: Sequence[Any] | None = None) -> None:
         client.close()
         peers.close()
         raise
-    for process_set in process_sets or ():
-        add_process_set(process_set)
+
+
+def _resume(dormant: context.WorkerContext) -> None:
+    """`init()` after `shutdown()`. The worker is still a member of the job (`dormant` holds
+    its driver connections and events): it enters the round the driver formed, broke or
+    announced meanwhile (a peer died or left, a host came, this worker was asked to leave),
+    else forms a new group in the round it left (`form_again`). A worker the driver
+    excluded meanwhile (the job ends because a peer finished, its host left) ends with
+    `SystemExit(0)`, as at a first `init()`."""
+    config, client, control, peers = dormant.config, dormant.client, dormant.control, dormant.peers
+    assert config is not None and client is not None and control is not None, "set by init()"
+    assert peers is not None, "set by init()"
+    events, number = dormant.events, dormant.epoch
+    try:
+        if _moved_on(events, number):
+            _say_leaving_again(events, control)
+            enter_next_round(config, client, control, events, peers, number, config.rejoin_timeout)
+        else:
+            form_again(dormant)
+    except NotMemberError:
+        context.process_wide().dormant = None
+        _close(control, client, peers)
+        log.warning(
+            "hvd.init(): the driver let this worker go while it was shut down (the job is "
+            "ending, or its host left the job): it leaves the job"
+        )
+        raise SystemExit(0) from None
+    context.process_wide().dormant = None
+
+
+def _moved_on(events: MembershipEvents, number: int) -> bool:
+    """Whether the driver has said anything that ends round `number` for this worker."""
+    return (
+        events.pending_update(number) is not None
+        or events.broken(number) is not None
+        or events.offer_after(number) is not None
+        or events.leaving
+    )
 
 
 def _say_exiting_first(control: ControlClient) -> None:
@@ -185,92 +232,6 @@ def _warm_up() -> None:
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
-def _enter_next_epoch(
-    config: WorkerConfig,
-    client: DriverClient,
-    control: ControlClient,
-    events: MembershipEvents,
-    peers: PeerWatch,
-    after_epoch: int,
-    join_timeout: float,
-) -> None:
-    """Join the first epoch after `after_epoch` (waiting up to `join_timeout` seconds for it),
-    form its process group, and install its slot (the context, `os.environ`).
-
-    A newer epoch forming while the group forms (a peer died meanwhile), or a peer that goes
-    away while the ranks connect (see `create_group`), makes it join a later epoch; before
-    it does, it probes the peers that it could not connect to and reports the silent ones.
-    The slot the driver sent on the event stream (`MembershipEvents.offer_after`), if any,
-    is taken without asking; after a broken epoch it is awaited for up to `OFFER_WAIT` s,
-    and only then is the epoch joined over HTTP (at once where the driver asked this worker
-    back: `MembershipEvents.slot_follows`).
-    """
-    timeout = timedelta(seconds=config.collective_timeout)
-    while True:
-        wait = OFFER_WAIT if events.slot_follows(after_epoch) else 0.0
-        offer = events.offer_after(after_epoch, wait)
-        if offer is not None:
-            epoch, slot, job_commit = offer.epoch, offer.slot, offer.job_commit
-        else:
-            answer = client.join(config.worker_id, after_epoch, join_timeout, control.commit)
-            epoch, slot, job_commit = answer.epoch, answer.slot, answer.job_commit
-        assert slot is not None
-        context.process_wide().progress.new_round()  # before a beat can say the new round
-        control.set_epoch(epoch)
-        store = DriverStore(client, epoch, timeout)
-        device = device_for(slot.local_rank)
-        try:
-            peers.publish(store, slot.rank)
-            group = create_group(store, slot.rank, slot.size, device, timeout)
-        except EpochSuperseded:
-            after_epoch = epoch
-            continue
-        except RuntimeError as err:  # a peer went away while the ranks connected
-            log.warning("rank %d: forming round %d failed (%s); re-joining", slot.rank, epoch, err)
-            probe_round(store, epoch, slot.rank, slot.size, control.report_unreachable)
-            after_epoch = epoch
-            continue
-        context.activate(
-            context.WorkerContext(
-                slot=slot,
-                epoch=epoch,
-                group=group,
-                device=device,
-                events=events,
-                timeout=config.collective_timeout,
-                config=config,
-                client=client,
-                control=control,
-                on_commit=lambda count: _committed(control, count),
-                on_durable=lambda written, stale: _wrote_durably(control, written, stale),
-                job_commit=job_commit,
-                store=store,
-                peers=peers,
-            )
-        )
-        _publish_slot(slot)
-        return
-
-
-def _committed(control: ControlClient, count: int) -> None:
-    control.set_commit(count)
-    context.process_wide().progress.committed()
-
-
-def _wrote_durably(control: ControlClient, written: int, stale: bool) -> None:
-    control.set_durable(written, stale)
-    if not stale:
-        context.process_wide().progress.wrote_durably()
-
-
-def _publish_slot(slot: SlotInfo) -> None:
-    """Set this process's rank variables (`ELASTIC_RANK` ... and Horovod's `HOROVOD_RANK`
-    ..., `HOROVOD_HOSTNAME`: `slot_variables`) to `slot`, the round just installed, so a
-    script that reads them after `init()` or a re-form finds the current round's values.
-    Subprocesses started from then on inherit them."""
-    os.environ.update(slot_variables(slot))
-
-
 def rejoin() -> None:
     """Leave the current epoch's group and join the next epoch (the elastic run loop's step
     after `WorkerLostError` or `HostsUpdatedInterrupt`).
@@ -285,15 +246,9 @@ def rejoin() -> None:
     assert peers is not None, "set by init()"
     abandon_group()
     context.activate(None)
-    if (reason := ctx.events.leave_reason) is not None:
-        # Said again: the first word (a Leave or Notice call) may have been lost, and then
-        # the driver would take this worker into the next round, where it interrupts again.
-        try:
-            control.leave(reason)
-        except ControlError as err:
-            log.warning("could not ask the driver to let this worker go: %s", err)
+    _say_leaving_again(ctx.events, control)
     try:
-        _enter_next_epoch(
+        enter_next_round(
             config, client, control, ctx.events, peers, ctx.epoch, config.rejoin_timeout
         )
     except NotMemberError:
@@ -301,21 +256,48 @@ def rejoin() -> None:
         raise
 
 
+def _say_leaving_again(events: MembershipEvents, control: ControlClient) -> None:
+    """Before re-joining, say again why this worker wants to leave, if it does: the first
+    word (a Leave or Notice call) may have been lost, and then the driver would take this
+    worker into the next round, where it interrupts again."""
+    if (reason := events.leave_reason) is None:
+        return
+    try:
+        control.leave(reason)
+    except ControlError as err:
+        log.warning("could not ask the driver to let this worker go: %s", err)
+
+
 def shutdown() -> None:
-    """Leave the job: release the process group and the driver connections. Idempotent."""
+    """Release the process group and forget the process sets (`clear_process_sets`):
+    `is_initialized()` is False, and every collective and query raises
+    `NotInitializedError`, until the next `init()`. Idempotent; does nothing before `init()`.
+
+    The worker stays a member of the job and the driver is told nothing: its driver
+    connections, heartbeats and event stream are kept (`ProcessWide.dormant`), so a later
+    `init()` in this process takes its place again, in the same round or the one the driver
+    formed meanwhile. The driver hears that the worker finished (or failed) when its
+    interpreter exits (`_say_exiting_first`), as for a script that never calls `shutdown()`.
+    A group whose round is broken, or with a call still in flight, is abandoned rather than
+    destroyed (`abandon_group`): a collective may still be blocked on a dead peer.
+    """
     if not context.is_initialized():
         return
     ctx = context.current()
-    if dist.is_initialized():
+    blocked = bool(ctx.in_flight) or ctx.events.broken(ctx.epoch) is not None
+    clear_process_sets(keep_groups_alive=blocked)
+    if blocked:
+        abandon_group()
+    elif dist.is_initialized():
         dist.destroy_process_group()
-    if ctx.control is not None and ctx.client is not None:  # none in a context made by hand
-        _close(ctx.control, ctx.client, ctx.peers)
     context.activate(None)
+    if ctx.control is not None:  # none in a context made by hand (no driver)
+        context.process_wide().dormant = ctx
 
 
 def _close(control: ControlClient, client: DriverClient, peers: PeerWatch | None) -> None:
-    """Tell the driver this worker exits (its stream closing is no death), then disconnect.
-    Called while an exception propagates, the exit is not a finish."""
+    """Tell the driver this worker exits (its stream closing is no death), then disconnect:
+    the driver excluded it. Called while an exception propagates, the exit is not a finish."""
     control.say_exiting(finished=sys.exc_info()[0] is None)
     control.close()
     client.close()
@@ -358,6 +340,7 @@ def cross_size() -> int:
 
 
 __all__ = [
+    "InitTimeoutError",
     "WorkerLostError",
     "cross_rank",
     "cross_size",

@@ -34,17 +34,22 @@ def _b64(value: bytes | str) -> str:
 
 
 class DriverStore(dist.Store):
-    """Every key lives under epoch `epoch`; a new epoch's store never sees old keys.
+    """Every key lives under epoch `epoch`; a new epoch's store never sees old keys. With a
+    `prefix`, every key of this store starts with it (a later group of the same round keys
+    its rendezvous apart from the earlier ones': `elastic.worker.formation`).
 
     Blocking calls (`get`, `wait`) raise `TimeoutError` after the store timeout, like c10d's
     stores; a driver that stays unreachable past the client's retry budget raises DriverError.
     """
 
-    def __init__(self, client: DriverClient, epoch: int, timeout: timedelta) -> None:
+    def __init__(
+        self, client: DriverClient, epoch: int, timeout: timedelta, prefix: str = ""
+    ) -> None:
         super().__init__()
         self._client = client
         self._epoch = epoch
         self._timeout = timeout
+        self._prefix = prefix
 
     def set_timeout(self, timeout: timedelta) -> None:
         self._timeout = timeout
@@ -54,14 +59,14 @@ class DriverStore(dist.Store):
         return self._timeout
 
     def set(self, key: str, value: bytes | str) -> None:
-        request = SetRequest(epoch=self._epoch, key=key, value=_b64(value))
+        request = SetRequest(epoch=self._epoch, key=self._prefix + key, value=_b64(value))
         self._client.post("/v1/kv/set", request, CheckResponse)
 
     def get(self, key: str) -> bytes:
         deadline = time.monotonic() + self._timeout.total_seconds()
         while True:
             poll = max(0.0, min(_POLL, deadline - time.monotonic()))
-            request = GetRequest(epoch=self._epoch, key=key, timeout=poll)
+            request = GetRequest(epoch=self._epoch, key=self._prefix + key, timeout=poll)
             try:
                 answer = self._client.post("/v1/kv/get", request, ValueResponse, wait=poll)
                 return base64.b64decode(answer.value)
@@ -73,22 +78,25 @@ class DriverStore(dist.Store):
                     ) from None
 
     def add(self, key: str, amount: int) -> int:
-        request = AddRequest(epoch=self._epoch, key=key, amount=amount)
+        request = AddRequest(epoch=self._epoch, key=self._prefix + key, amount=amount)
         return self._client.post("/v1/kv/add", request, AddResponse).value
 
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
         request = CompareSetRequest(
-            epoch=self._epoch, key=key, expected=_b64(expected), desired=_b64(desired)
+            epoch=self._epoch,
+            key=self._prefix + key,
+            expected=_b64(expected),
+            desired=_b64(desired),
         )
         answer = self._client.post("/v1/kv/compare_set", request, ValueResponse)
         return base64.b64decode(answer.value)
 
     def check(self, keys: list[str]) -> bool:
-        request = KeysRequest(epoch=self._epoch, keys=keys)
+        request = KeysRequest(epoch=self._epoch, keys=[self._prefix + key for key in keys])
         return self._client.post("/v1/kv/check", request, CheckResponse).ready
 
     def delete_key(self, key: str) -> bool:
-        request = KeyRequest(epoch=self._epoch, key=key)
+        request = KeyRequest(epoch=self._epoch, key=self._prefix + key)
         return self._client.post("/v1/kv/delete", request, DeleteResponse).deleted
 
     def num_keys(self) -> int:
@@ -100,9 +108,10 @@ class DriverStore(dist.Store):
         timeout, shorter: see `create_group`), and `EpochSuperseded` once a newer round forms."""
         limit = max(timeout or self._timeout, self._timeout).total_seconds()
         deadline = time.monotonic() + limit
+        prefixed = [self._prefix + key for key in keys]
         while True:
             poll = max(0.0, min(_POLL, deadline - time.monotonic()))
-            request = WaitRequest(epoch=self._epoch, keys=keys, timeout=poll)
+            request = WaitRequest(epoch=self._epoch, keys=prefixed, timeout=poll)
             if self._client.post("/v1/kv/wait", request, CheckResponse, wait=poll).ready:
                 return
             if time.monotonic() >= deadline:
