@@ -6,10 +6,13 @@ it the commands say how in one line."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import pytest
@@ -41,6 +44,35 @@ def command(
     )
 
 
+def typed_at_a_terminal(args: list[str], runtime: Path, typed: str) -> tuple[int, str, str]:
+    """`elasticrun ARGS` with a terminal (a pty) as its controlling terminal and standard
+    input, where `typed` and Enter are typed once it asks; its exit code, the terminal's text
+    and its standard output."""
+    master, slave = pty.openpty()
+
+    def own_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    env = {k: v for k, v in os.environ.items() if k != "ELASTICRUN_TOKEN"}
+    process = subprocess.Popen(
+        [*ELASTICRUN, *args],
+        env={**env, "XDG_RUNTIME_DIR": str(runtime)},
+        stdin=slave,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=own_terminal,
+    )
+    os.close(slave)
+    shown = b""
+    while b"token" not in shown:  # the prompt
+        shown += os.read(master, 1024)
+    os.write(master, typed.encode() + b"\n")
+    out, _ = process.communicate(timeout=30)
+    os.close(master)
+    return process.returncode, shown.decode(errors="replace"), out.decode()
+
+
 @pytest.mark.timeout(120)
 def test_an_etcd_job_is_shown_live_and_stopped_through_etcd(
     elasticrun, etcd: EtcdServer, tmp_path: Path
@@ -69,6 +101,12 @@ def test_an_etcd_job_is_shown_live_and_stopped_through_etcd(
     wrong = command(["status", *through_etcd], operator_runtime, "w" * 43)
     assert wrong.returncode == 1, wrong.stderr
     assert "the token from $ELASTICRUN_TOKEN is not job ops1's" in wrong.stderr
+
+    code, terminal, out = typed_at_a_terminal(["status", "--json", *through_etcd],
+                                              operator_runtime, token)  # fmt: skip
+    assert code == 0 and "job ops1's token (not echoed): " in terminal, terminal
+    assert token not in terminal, "not echoed"
+    assert JobStatus.model_validate_json(out).job_id == "ops1"
 
     shown = command(["status", "--json", *through_etcd], operator_runtime, token)
     assert shown.returncode == 0, shown.stderr
