@@ -4,7 +4,9 @@
 `<runtime dir>/<job id>.json`, mode 0600 in a folder of mode 0700, where the runtime dir is
 `$XDG_RUNTIME_DIR/elasticrun`, or `/tmp/elasticrun-<uid>` without it. It holds the job's
 token (so only its user may read it), the driver's pid and host and its URLs. The driver
-writes it once it serves and removes it when the job ends.
+writes it once it serves and removes it when the job ends. The file of an etcd job whose
+driver was killed is kept: it holds the token that the job's next driver on this host reads
+(etcd holds none; see `elastic.driver.journal.job_token`).
 
 Beside it, `<job id>.lock` is the job id's claim on this host (`claim_job_id`): a driver of the
 memory backend holds an exclusive `flock` on it from its start to its end, so a second driver
