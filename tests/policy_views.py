@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from elastic.driver.policy.rounds import Decision, JobView, Phase
 from elastic.driver.rendezvous.assignment import plan_slots
 from elastic.driver.settings import ElasticSettings
 from elastic.driver.workers import Worker, WorkerState
 
-STARTED = object()  # stands for a started process: the policy only asks whether there is one
+# Stands for a started process: the policy asks whether there is one and which signal ended it.
+STARTED = SimpleNamespace(signal=None)
 NOW = 1000.0
 ELASTIC = ElasticSettings(min_np=2, max_np=4, discovery_script=None, elastic_timeout=60.0)
 
@@ -44,7 +47,7 @@ def view(
         resets=0,
         short_since=None,
         newest_commit=0,
-        commit_at_fleet_loss=None,
+        fleet_loss=None,
         round=1,
         command=("train.py",),
     )

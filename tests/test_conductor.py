@@ -29,7 +29,7 @@ from elastic.driver.rendezvous import keeper
 from elastic.driver.rendezvous.batcher import ROUND_AFTER_DEATH
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.reports import DrainAsked, LeaveAsked, Reports, Waiting, WorkerExited
-from elastic.driver.settings import ElasticSettings, Settings
+from elastic.driver.settings import ElasticSettings, FailureScope, Settings
 from elastic.driver.workers import Worker, WorkerState
 from elastic.protocol.leave import FINISHED
 
@@ -52,12 +52,25 @@ class Process:
 
 
 class Harness:
-    """A conductor over `n` members of round 1 on HOSTS, and what it ended the job with."""
+    """A conductor over `n` members of round 1 on `hosts` (one name per worker; default: all
+    on localhost), and what it ended the job with. `scope`: --failure-scope; by default a
+    failed worker's host-mates go on, as the tests of one death among its peers mean."""
 
-    def __init__(self, n: int, elastic: bool, tmp_path, min_np: int = 1) -> None:
+    def __init__(
+        self,
+        n: int,
+        elastic: bool,
+        tmp_path,
+        min_np: int = 1,
+        scope: FailureScope = FailureScope.WORKER,
+        hosts: list[str] | None = None,
+    ) -> None:
+        names = hosts or ["localhost"] * n
+        specs = [HostSpec(name, names.count(name)) for name in dict.fromkeys(names)]
         settings = Settings(
-            np=n, hosts=HOSTS, command=["train.py"],
-            elastic=ElasticSettings(min_np, n, None, cooldown_range=(600.0, 600.0))
+            np=n, hosts=specs, command=["train.py"],
+            elastic=ElasticSettings(min_np, n, None, cooldown_range=(600.0, 600.0),
+                                    failure_scope=scope)
             if elastic else None,
         )  # fmt: skip
         reports: Reports = asyncio.Queue()
@@ -68,7 +81,7 @@ class Harness:
             hosts, reports, self.rendezvous.slot_of, str(tmp_path), None, 1.0, job_id="conductor"
         )
         self.watcher = watcher = HostWatcher(
-            FixedHosts(HOSTS),
+            FixedHosts(specs),
             HostTracker(Cooldown(600.0, 600.0, random.Random(0))),
             hosts,
             reports,
@@ -84,10 +97,11 @@ class Harness:
             save_soon=lambda: None, spawn=self.spawn,
             finish=lambda code, message: self.ended.append((code, message)), clock=lambda: 0.0,
         )  # fmt: skip
-        self.workers = [self.fleet.new_worker("localhost", slot) for slot in range(n)]
+        self.workers = [self.fleet.new_worker(name, names[:i].count(name))
+                        for i, name in enumerate(names)]  # fmt: skip
         for worker in self.workers:
             worker.process, worker.state = Process(), WorkerState.MEMBER  # type: ignore[assignment]
-        self.rendezvous.form([(w.worker_id, "localhost") for w in self.workers])
+        self.rendezvous.form([(w.worker_id, w.hostname) for w in self.workers])
         self.streams = {w.worker_id: self.channels.open(w.worker_id) for w in self.workers}
 
     def spawn(self, coroutine) -> None:
@@ -283,3 +297,50 @@ def test_draining_a_host_in_cooldown_makes_its_surviving_workers_leave(tmp_path)
     assert [w.state for w in job.workers] == [WorkerState.LEAVING] * 2
     reasons = [d.reason for d in job.conductor.decisions]
     assert reasons.count("host(s) localhost drained") == 1
+
+
+def test_a_failed_worker_s_host_mates_are_told_the_break_stopped_and_not_counted(
+    tmp_path,
+) -> None:
+    """--failure-scope host: rank 0 on host a fails; rank 1 on a hears at once that round 1
+    is broken (its collective fails, it asks to join and is refused), gets SIGTERM and is
+    stopped; the round forms from host b's workers, and rank 1's own exit changes nothing."""
+
+    async def scenario() -> Harness:
+        job = Harness(4, True, tmp_path, scope=FailureScope.HOST, hosts=["a", "a", "b", "b"])
+        job.die(0, code=1)
+        job.wait(2)
+        job.wait(3)
+        job.die(1, code=1)  # the host-mate's exit, once stopped
+        return job
+
+    job = asyncio.run(scenario())
+    why = "its host a failed with rank 0 on host a (--failure-scope host)"
+    mate = job.workers[1]
+    assert job.heard(1) == [EpochBroken(1, why, rejoin=True)]
+    assert mate.process.signals == [signal.SIGTERM]  # type: ignore[union-attr]
+    assert mate.state is WorkerState.STOPPED
+    assert job.rendezvous.epoch == 2
+    assert job.rendezvous.members == [job.workers[2].worker_id, job.workers[3].worker_id]
+    assert job.watcher.tracker.cooldown.in_cooldown("a", 0.0)
+    assert job.ended == []
+    assert not any("rank 1 on host a exited" in d.reason for d in job.conductor.decisions)
+
+
+def test_a_fleet_whose_every_worker_exited_with_an_error_ends_instead_of_starting_again(
+    tmp_path,
+) -> None:
+    async def scenario() -> Harness:
+        job = Harness(2, elastic=True, tmp_path=tmp_path)
+        job.conductor.tally.newest_commit = 11
+        job.die(0, code=1)
+        job.die(1, code=1)
+        return job
+
+    job = asyncio.run(scenario())
+    message = (
+        "every worker of the job exited with an error (exit code 1): the job ends instead of "
+        "starting new workers that would fail the same way (their output says why)"
+    )
+    assert job.ended == [(1, message)]
+    assert not any("grow" in name for name in job.spawned), "no new workers were launched"

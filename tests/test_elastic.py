@@ -27,6 +27,10 @@ HOSTS_FILE_SCRIPT = Path(__file__).parent.parent / "discovery_scripts" / "hosts_
 
 pytestmark = pytest.mark.timeout(120)
 
+# These jobs run on one host: a failed worker must leave its host-mates training, which is
+# `--failure-scope worker` (by default its host's workers leave with it, as in horovodrun).
+ONE_WORKER_FAILS = ("--failure-scope", "worker")
+
 
 def job_args(tmp_path: Path, *extra: str, epochs: int = 2) -> list[str]:
     return [sys.executable, str(JOB), "--out", str(tmp_path), "--epochs", str(epochs), *extra]
@@ -58,7 +62,7 @@ def test_a_killed_worker_leaves_the_job_training_at_a_smaller_size(
 ) -> None:
     job = elasticrun(
         ["-np", "3", "--min-np", "1", "-H", "localhost:3", "--collective-timeout", "120",
-         "--blacklist-cooldown-range", "300", "300", *job_args(tmp_path)]
+         *ONE_WORKER_FAILS, "--blacklist-cooldown-range", "300", "300", *job_args(tmp_path)]
     )  # fmt: skip
     pids = ranks_to_pids(job, 3)
     job.wait_for(r"step 6 ")
@@ -82,8 +86,8 @@ def test_uneven_shards_are_padded_so_a_plain_loop_takes_the_same_steps_everywher
     (no hang in the last allreduce), and the padding repeats are not counted."""
     go = tmp_path / "go"
     job = elasticrun(
-        ["-np", "3", "--min-np", "1", "-H", "localhost:3", "--blacklist-cooldown-range",
-         "300", "300",
+        ["-np", "3", "--min-np", "1", "-H", "localhost:3", *ONE_WORKER_FAILS,
+         "--blacklist-cooldown-range", "300", "300",
          *job_args(tmp_path, "--samples", "241", "--hold-at-step", "5", "--hold-file", str(go))]
     )  # fmt: skip
     pids = ranks_to_pids(job, 3)
@@ -101,7 +105,7 @@ def test_workers_killed_at_once_cost_one_round_with_its_reasons(elasticrun, tmp_
     decision with both reasons, and `/v1/status` lists it."""
     status = tmp_path / "status.json"
     job = elasticrun(
-        ["-np", "3", "--min-np", "1", "-H", "localhost:3", "--verbose",
+        ["-np", "3", "--min-np", "1", "-H", "localhost:3", "--verbose", *ONE_WORKER_FAILS,
          "--blacklist-cooldown-range", "300", "300",
          *job_args(tmp_path, "--status-file", str(status))]
     )  # fmt: skip
@@ -121,7 +125,7 @@ def test_workers_killed_at_once_cost_one_round_with_its_reasons(elasticrun, tmp_
 def test_a_hung_worker_is_declared_dead_and_killed(elasticrun, tmp_path: Path) -> None:
     job = elasticrun(
         ["-np", "3", "--min-np", "1", "-H", "localhost:3", "--heartbeat-interval", "0.5",
-         "--blacklist-cooldown-range", "300", "300", *job_args(tmp_path)]
+         *ONE_WORKER_FAILS, "--blacklist-cooldown-range", "300", "300", *job_args(tmp_path)]
     )  # fmt: skip
     pids = ranks_to_pids(job, 3)
     job.wait_for(r"step 4 ")
@@ -321,7 +325,8 @@ def test_broken_discovery_keeps_the_last_good_hosts(
 def test_a_host_comes_back_after_its_cooldown(elasticrun, tmp_path: Path) -> None:
     go = tmp_path / "go"
     job = elasticrun(
-        ["-np", "2", "--min-np", "1", "-H", "localhost:2", "--blacklist-cooldown-range", "1", "1",
+        ["-np", "2", "--min-np", "1", "-H", "localhost:2", *ONE_WORKER_FAILS,
+         "--blacklist-cooldown-range", "1", "1",
          *job_args(tmp_path, "--epochs", "3", "--hold-at-step", "10", "--hold-file", str(go))]
     )  # fmt: skip
     pids = ranks_to_pids(job, 2)
@@ -335,10 +340,37 @@ def test_a_host_comes_back_after_its_cooldown(elasticrun, tmp_path: Path) -> Non
     assert_exactly_once(tmp_path, epochs=3)
 
 
+def test_a_failed_worker_takes_its_host_out_until_the_host_s_cooldown_ends(
+    elasticrun, tmp_path: Path
+) -> None:
+    """By default (--failure-scope host, as horovodrun) a failed worker's host leaves the job
+    with it: its other worker is taken out at once, not counted as a failure of its own; the
+    job goes on on the other host, and the host comes back, all its slots, after its
+    cooldown."""
+    go = tmp_path / "go"
+    job = elasticrun(
+        ["-np", "3", "--min-np", "1", "-H", "localhost:2,127.0.0.1:1",
+         "--blacklist-cooldown-range", "1", "1",
+         *job_args(tmp_path, "--epochs", "3", "--hold-at-step", "10", "--hold-file", str(go))]
+    )  # fmt: skip
+    pids = ranks_to_pids(job, 3)
+    job.wait_for(r"step 4 ")
+    os.kill(pids[0], signal.SIGKILL)
+    job.wait_for(r"rank 1 on host localhost leaves the job: its host localhost failed with rank 0",
+                 timeout=30)  # fmt: skip
+    job.wait_for(r"round 2: 1 worker\(s\) on 127\.0\.0\.1:1 ", timeout=30)
+    job.wait_for(r"round 3: 3 worker\(s\) on 127\.0\.0\.1:1, localhost:2", timeout=60)
+    go.touch()
+    assert job.finish(90) == 0, job.output
+    assert not re.search(r"rank 1 on host localhost (was killed|exited)", job.output)
+    assert not pids_alive([pids[1]]), "the host's other worker left the job"
+    assert_exactly_once(tmp_path, epochs=3)
+
+
 def test_the_reset_limit_ends_the_job_with_its_message(elasticrun, tmp_path: Path) -> None:
     job = elasticrun(
         ["-np", "2", "--min-np", "1", "-H", "localhost:2", "--reset-limit", "0",
-         *job_args(tmp_path)]
+         *ONE_WORKER_FAILS, *job_args(tmp_path)]
     )  # fmt: skip
     pids = ranks_to_pids(job, 2)
     job.wait_for(r"step 4 ")
@@ -350,7 +382,7 @@ def test_the_reset_limit_ends_the_job_with_its_message(elasticrun, tmp_path: Pat
 def test_the_elastic_timeout_ends_a_job_with_too_few_workers(elasticrun, tmp_path: Path) -> None:
     job = elasticrun(
         ["-np", "2", "--min-np", "2", "-H", "localhost:2", "--elastic-timeout", "2",
-         "--blacklist-cooldown-range", "300", "300", *job_args(tmp_path)]
+         *ONE_WORKER_FAILS, "--blacklist-cooldown-range", "300", "300", *job_args(tmp_path)]
     )  # fmt: skip
     pids = ranks_to_pids(job, 2)
     job.wait_for(r"step 4 ")
@@ -363,7 +395,7 @@ def test_an_exception_in_training_fails_that_worker_with_its_traceback(
     elasticrun, tmp_path: Path
 ) -> None:
     job = elasticrun(
-        ["-np", "3", "--min-np", "1", "-H", "localhost:3",
+        ["-np", "3", "--min-np", "1", "-H", "localhost:3", *ONE_WORKER_FAILS,
          "--blacklist-cooldown-range", "300", "300",
          *job_args(tmp_path, "--fail-at-step", "5", "--fail-once-file", str(tmp_path / "once"))]
     )  # fmt: skip

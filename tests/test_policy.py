@@ -15,6 +15,7 @@ from elastic.driver.policy.rounds import (
     Decision,
     FillSlots,
     Finish,
+    FleetLoss,
     FormRound,
     Launch,
     Log,
@@ -198,19 +199,24 @@ def test_the_job_ends_when_no_member_of_the_last_round_is_alive(states, elastic,
     assert (decision.actions[0] if decision.actions else None) == expected
 
 
+def killed(worker_id: str, slot: int = 0, code: int = -9, **fields):
+    """A failed worker record that ended with `code` (-9: SIGKILL)."""
+    return worker(worker_id, F, slot=slot, exit_code=code, **fields)
+
+
 def test_losing_every_worker_after_a_commit_starts_again_and_says_the_state_is_lost() -> None:
-    dead = (worker("r0", F, exit_code=-9), worker("r1", F, slot=1, exit_code=-9))
+    dead = (killed("r0"), killed("r1", 1))
     job = view(*dead, members=("r0", "r1"), newest_commit=7)
-    decision = fleet_lost(job, -9, NOW)
+    decision = fleet_lost(job, dead[1], NOW)
     assert kinds(decision) == [Log, RecordFleetLoss, WaitForWorkers, FillSlots]
-    assert decision.actions[1] == RecordFleetLoss(7)
+    assert decision.actions[1] == RecordFleetLoss(FleetLoss(7, ("killed by signal SIGKILL",), 7))
     assert "its training state (commit 7) is lost" in decision.reason
 
 
 def test_losing_every_worker_with_durable_commits_says_the_new_ones_resume_from_them() -> None:
-    dead = (worker("r0", F, exit_code=-9), worker("r1", F, slot=1, exit_code=-9))
+    dead = (killed("r0"), killed("r1", 1))
     job = view(*dead, members=("r0", "r1"), newest_commit=7, checkpoint_dir="s3://b/run")
-    decision = fleet_lost(job, -9, NOW)
+    decision = fleet_lost(job, dead[1], NOW)
     assert kinds(decision) == [Log, RecordFleetLoss, WaitForWorkers, FillSlots]
     assert "resume from the newest durable commit in s3://b/run" in decision.reason
     assert "is lost" not in decision.reason
@@ -221,11 +227,77 @@ def test_losing_every_worker_with_durable_commits_says_the_new_ones_resume_from_
     [(0, None, "since the job started"), (7, 7, "since the last such loss")],
 )
 def test_losing_every_worker_without_a_new_commit_ends_the_job(commit, lost_at, since):
-    dead = (worker("r0", F), worker("r1", F, slot=1))
-    job = view(*dead, members=("r0", "r1"), newest_commit=commit, commit_at_fleet_loss=lost_at)
-    assert fleet_lost(job, 3, NOW).actions == (
+    dead = (killed("r0", code=3), killed("r1", 1, code=3))
+    earlier = FleetLoss(lost_at, ("exit code 3",), lost_at) if lost_at is not None else None
+    job = view(*dead, members=("r0", "r1"), newest_commit=commit, fleet_loss=earlier)
+    assert fleet_lost(job, dead[1], NOW).actions == (
         Finish(3, f"every worker of the job failed, with no commit {since}"),
     )
+
+
+@pytest.mark.parametrize(
+    ("codes", "ends"),
+    [
+        ((1, 1), True),  # every rank raised
+        ((1, 2), True),  # errors, not the same one
+        ((1, -9), False),  # one was killed: a preemption may have taken the fleet
+        ((1, 137), False),  # 128 + SIGKILL: killed, through a keeper or ssh
+        ((1, 255), False),  # ssh lost its host, or no exit status was left
+        ((1, None), False),  # declared dead (hung): being killed
+    ],
+)
+def test_a_fleet_whose_every_failure_exited_with_an_error_is_not_started_again(codes, ends):
+    dead = (killed("r0", code=codes[0]), killed("r1", 1, code=codes[1]))
+    job = view(*dead, members=("r0", "r1"), newest_commit=7)
+    decision = fleet_lost(job, dead[1], NOW)
+    assert (kinds(decision) == [Finish]) is ends, decision
+    if ends:
+        assert decision.reason.startswith("every worker of the job exited with an error (exit")
+        assert decision.actions[0] == Finish(codes[1], decision.reason)
+
+
+def test_workers_taken_out_with_their_host_are_no_failures_of_the_fleet() -> None:
+    """r1 was stopped with r0's host (its exit, whatever it was, is not counted): r0's error
+    and r2's are all the fleet's failures."""
+    workers = (killed("r0", code=1), worker("r1", S, slot=1, exit_code=-15),
+               killed("r2", 2, code=1, hostname="b"))  # fmt: skip
+    job = view(*workers, members=("r0", "r1", "r2"), newest_commit=7)
+    assert kinds(fleet_lost(job, workers[2], NOW)) == [Finish]
+
+
+def test_the_same_loss_of_every_worker_three_times_in_a_row_ends_the_job() -> None:
+    dead = (killed("r0"), killed("r1", 1))
+    previous: FleetLoss | None = None
+    decisions = []
+    # Each new fleet made 11 commits, then was killed; the driver heard of 11, 10 and 11.
+    for commit in (11, 21, 32):
+        job = view(*dead, members=("r0", "r1"), newest_commit=commit, fleet_loss=previous)
+        decisions.append(decision := fleet_lost(job, dead[1], NOW))
+        recorded = [a for a in decision.actions if isinstance(a, RecordFleetLoss)]
+        previous = recorded[0].loss if recorded else previous
+    assert [kinds(d)[-1] for d in decisions] == [FillSlots, FillSlots, Finish]
+    assert previous == FleetLoss(21, ("killed by signal SIGKILL",), 10, times=2)
+    assert decisions[-1].reason == (
+        "every worker of the job was lost the same way 3 times in a row (killed by signal "
+        "SIGKILL, 11 commit(s) after they started): the job ends instead of starting new "
+        "workers again"
+    )
+
+
+@pytest.mark.parametrize(
+    ("earlier", "case"),
+    [
+        (FleetLoss(11, ("killed by signal SIGKILL",), 11, times=2), "further this time"),
+        (FleetLoss(15, ("killed by signal SIGTERM",), 4, times=2), "another signal"),
+    ],
+)
+def test_a_loss_unlike_the_last_starts_the_count_again(earlier, case) -> None:
+    dead = (killed("r0"), killed("r1", 1))
+    job = view(*dead, members=("r0", "r1"), newest_commit=19, fleet_loss=earlier)
+    (recorded,) = [
+        a for a in fleet_lost(job, dead[1], NOW).actions if isinstance(a, RecordFleetLoss)
+    ]
+    assert recorded.loss.times == 1, case
 
 
 # --- slots and hosts ---------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -27,10 +28,12 @@ from elastic.driver.policy.rounds import (
     SeeHandovers,
     SeeIfEnded,
     Signal,
+    TakeOut,
     WaitForWorkers,
 )
 from elastic.driver.policy.workers import caught_up, exited, failed, judged, keys_lost, waiting
-from tests.policy_views import LV, NOW, L, M, S, kinds, view, worker
+from elastic.driver.settings import FailureScope
+from tests.policy_views import ELASTIC, LV, NOW, L, M, S, kinds, view, worker
 
 
 def ended(worker_id: str, state=M, code: int | None = 1, killed_by: int | None = None, **kw):
@@ -42,8 +45,8 @@ def ended(worker_id: str, state=M, code: int | None = 1, killed_by: int | None =
 
 
 def pair(dead, **fields):
-    """A two-member round of `dead` (rank 0) and a live r1 (rank 1)."""
-    return view(dead, worker("r1", M, slot=1), members=(dead.worker_id, "r1"), **fields)
+    """A two-member round of `dead` (rank 0) and a live r1 (rank 1) on another host."""
+    return view(dead, worker("r1", M, "b"), members=(dead.worker_id, "r1"), **fields)
 
 
 # --- exits -------------------------------------------------------------------------------
@@ -65,18 +68,81 @@ def test_a_killed_member_breaks_its_round_cools_its_host_and_the_job_re_forms() 
     )
 
 
+def test_a_failed_worker_takes_its_host_s_other_workers_out_with_it() -> None:
+    """--failure-scope host (the default, as horovodrun): its host's member and joiner are
+    taken out at once (not as failures of their own), the round breaks and re-forms."""
+    dead = ended("r0", code=1)
+    host_mate, joiner = worker("r1", M, slot=1), worker("j", L, slot=2)
+    job = view(dead, host_mate, joiner, worker("r2", M, "b"), members=("r0", "r1", "r2"), round=3)
+    decision = exited(job, dead, False, NOW)
+    line = "rank 0 on host a exited with code 1"
+    why = "its host a failed with rank 0 on host a (--failure-scope host)"
+    assert decision.actions == (
+        MarkEnded("r0", failed=True),
+        Log("error", line, "failure", "r0"),
+        CoolDown("a", "exited with code 1"),
+        Log("warning", f"rank 1 on host a leaves the job: {why}", "leave", "r1"),
+        TakeOut("r1", why, 3),
+        Log("warning", f"worker j on host a leaves the job: {why}", "leave", "j"),
+        TakeOut("j", why, 3),
+        BreakRound(3, line),
+        Reform(line, True, Cause.FAILURE),
+        FillSlots(),
+        SeeHandovers(),
+    )
+
+
+def test_with_failure_scope_worker_its_host_s_other_workers_go_on() -> None:
+    dead = ended("r0", code=1)
+    workers = (dead, worker("r1", M, slot=1), worker("r2", M, "b"))
+    elastic = replace(ELASTIC, failure_scope=FailureScope.WORKER)
+    job = view(*workers, members=("r0", "r1", "r2"), elastic=elastic)
+    decision = exited(job, dead, False, NOW)
+    assert kinds(decision) == [MarkEnded, Log, CoolDown, BreakRound, Reform, FillSlots,
+                               SeeHandovers]  # fmt: skip
+
+
+def test_a_failed_joiner_takes_out_its_host_s_members_and_breaks_their_round() -> None:
+    joiner = ended("j", L, code=1, slot=1)
+    job = view(worker("r0", M), joiner, worker("r1", M, "b"), members=("r0", "r1"), round=2)
+    decision = exited(job, joiner, False, NOW)
+    assert kinds(decision) == [MarkEnded, Log, CoolDown, Log, TakeOut, BreakRound, Reform,
+                               FillSlots, SeeHandovers]  # fmt: skip
+    assert TakeOut("r0", "its host a failed with worker j on host a (--failure-scope host)", 2) in (
+        decision.actions
+    )
+
+
+def test_a_failed_host_that_held_every_worker_loses_the_fleet() -> None:
+    """Its host-mate is taken out, not counted: the one failure exited with an error, so the
+    job ends instead of starting new workers."""
+    dead = ended("r0", code=1)
+    job = view(dead, worker("r1", M, slot=1), members=("r0", "r1"), newest_commit=7)
+    decision = exited(job, dead, False, NOW)
+    assert kinds(decision)[-3:] == [BreakRound, Reform, Finish]
+    assert "every worker of the job exited with an error (exit code 1)" in decision.reason
+
+
 def test_a_hung_leaver_breaks_the_round_it_left_and_none_is_wanted() -> None:
     hung = worker("r2", LV, slot=2)
-    job = view(hung, worker("r0", M), worker("r1", M, slot=1), members=("r0", "r1"), round=4)
+    others = (worker("r0", M, "b"), worker("r1", M, "b", slot=1))
+    job = view(hung, *others, members=("r0", "r1"), round=4)
     decision = failed(job, hung, "missed 3 heartbeats", NOW)
     assert kinds(decision) == [MarkEnded, Log, CoolDown, BreakRound, FillSlots, SeeHandovers]
     assert decision.actions[3] == BreakRound(3, "worker r2 on host a missed 3 heartbeats")
 
 
-def test_the_last_worker_failing_after_a_commit_starts_over() -> None:
-    dead = ended("r0")
+def test_the_last_worker_killed_after_a_commit_starts_over() -> None:
+    dead = ended("r0", code=-9, killed_by=signal.SIGKILL)
     decision = exited(view(dead, members=("r0",), newest_commit=7), dead, False, NOW)
     assert kinds(decision)[-4:] == [Log, RecordFleetLoss, WaitForWorkers, FillSlots]
+
+
+def test_the_last_worker_exiting_with_an_error_after_a_commit_ends_the_job() -> None:
+    dead = ended("r0", code=2)
+    decision = exited(view(dead, members=("r0",), newest_commit=7), dead, False, NOW)
+    assert kinds(decision)[-1] is Finish and decision.actions[-1].code == 2
+    assert "every worker of the job exited with an error (exit code 2)" in decision.reason
 
 
 def test_the_last_worker_failing_before_any_commit_ends_the_job_with_its_code() -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from elastic.driver.control.channels import ControlChannels
+from elastic.driver.control.events import EpochBroken
 from elastic.driver.discovery.watcher import HostWatcher
 from elastic.driver.journal.memory import MemoryKeyValueStore
 from elastic.driver.journal.resume import Tally
@@ -26,7 +27,7 @@ from elastic.driver.observe.timeline import RoundTimeline
 from elastic.driver.policy import leaving, reachability
 from elastic.driver.policy import rounds as policy
 from elastic.driver.policy import workers as on_workers
-from elastic.driver.policy.rounds import Cause, Decision, JobView, Phase
+from elastic.driver.policy.rounds import Cause, Decision, FleetLoss, JobView, Phase
 from elastic.driver.rendezvous.keeper import RoundKeeper
 from elastic.driver.rendezvous.rounds import Rendezvous
 from elastic.driver.reports import (
@@ -110,7 +111,7 @@ class Conductor:
         self._wanted_causes: list[Cause] = []  # of the round wanted next, in order
         self._short_since: float | None = None  # when the SHORT phase began
         self._failure_reported: set[int] = set()  # rounds a member said failed, unseen here
-        self._commit_at_fleet_loss: int | None = None  # newest commit when all last died
+        self._fleet_loss: FleetLoss | None = None  # how every worker was last lost
         self._last_progress = 0.0
         self._leavers: set[str] = set()  # workers that were handing their state over
         # The current round's unreachability reports, by reporter (see `_on_unreachable`).
@@ -244,7 +245,7 @@ class Conductor:
             resets=self.tally.resets,
             short_since=self._short_since if self.phase is Phase.SHORT else None,
             newest_commit=self.tally.newest_commit,
-            commit_at_fleet_loss=self._commit_at_fleet_loss,
+            fleet_loss=self._fleet_loss,
             round=self._rendezvous.epoch,
             slots=self._rendezvous.slots,
             command=self._settings.command,
@@ -298,7 +299,7 @@ class Conductor:
                 self._last_progress = self._clock()
                 log.warning("%s", action.line)
         elif isinstance(action, policy.RecordFleetLoss):
-            self._commit_at_fleet_loss = action.commit
+            self._fleet_loss = action.loss
         elif isinstance(action, policy.MarkEnded):
             worker = self._workers[action.worker_id]
             worker.state = WorkerState.FAILED if action.failed else WorkerState.EXITED
@@ -306,6 +307,12 @@ class Conductor:
         elif isinstance(action, policy.MarkExiting):
             self._workers[action.worker_id].exiting = True
             self._save_soon()  # a restarted driver must know it said so
+        elif isinstance(action, policy.TakeOut):
+            worker = self._workers[action.worker_id]
+            if worker.state.alive:  # told first: a collective it is blocked in fails now
+                word = EpochBroken(action.number, action.why, rejoin=True)
+                self._channels.send(word, [worker.worker_id])
+                self.stop(worker)
         elif isinstance(action, policy.Signal):
             process = self._workers[action.worker_id].process
             if action.kill:

@@ -7,6 +7,7 @@ needs the world (files, hosts, the discovery script) is checked by the CLI.
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass, field
 
@@ -33,6 +34,13 @@ def _count(value: int | None, flag: str, most: int) -> None:
         raise SettingsError(f"{flag} must be at most {most}, got {value}")
 
 
+class FailureScope(enum.StrEnum):
+    """What a failed worker takes out of an elastic job with it (--failure-scope)."""
+
+    HOST = "host"  # its host: the host's other workers leave too (horovodrun's blacklist)
+    WORKER = "worker"  # itself alone: its host's other workers go on
+
+
 @dataclass(frozen=True)
 class ElasticSettings:
     """Present when the job is elastic (a discovery script or `--min-np` was given)."""
@@ -46,6 +54,7 @@ class ElasticSettings:
     elastic_timeout: float = 600.0
     reset_limit: int | None = None
     cooldown_range: tuple[float, float] = (5.0, 300.0)
+    failure_scope: FailureScope = FailureScope.HOST
 
     def __post_init__(self) -> None:
         """Raise `SettingsError` for a count out of range, a duration that is not a finite

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from elastic.state.durable import DurableWriter, durable_writer
+from elastic.state.host_messages import HostMessages
 from elastic.state.loadable import UnloadableCommit, refusal_of
 from elastic.worker import collectives, context
 from elastic.worker.errors import HostsUpdatedInterrupt
@@ -56,6 +57,13 @@ class State:
         self._commit_count = 0
         self._reset_callbacks: list[Callable[[], None]] = []
         self._durable = durable_writer(checkpoint_dir)
+
+    @property
+    def _host_messages(self) -> HostMessages:
+        """Horovod's queue of pending host updates, which its elastic scripts poll for the
+        driver's word (`while state._host_messages.empty(): ...`): not empty once a host
+        change is pending for this worker, until `commit()` acts on it (see `HostMessages`)."""
+        return HostMessages()
 
     @property
     def commit_count(self) -> int:

@@ -31,7 +31,7 @@ from elastic.driver.job import Job
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.logs import LOG_FORMATS, HeldLines, launcher_formatter, tags
 from elastic.driver.server.tls import TlsIdentity
-from elastic.driver.settings import MAX_NP, ElasticSettings, Settings
+from elastic.driver.settings import MAX_NP, ElasticSettings, FailureScope, Settings
 from elastic.protocol.env import CheckpointSettings
 
 log = logging.getLogger("elasticrun")
@@ -188,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar=("MIN", "MAX"),
         help="a host whose worker failed gets no new worker for MIN seconds, doubling with "
         "each failure up to MAX, with jitter (default 5 300; 0 0 turns cooldown off)",
+    )
+    elastic.add_argument(
+        "--failure-scope",
+        choices=[scope.value for scope in FailureScope],
+        metavar="host|worker",
+        help="what a failed worker takes out of the job: 'host', its host's other workers "
+        "too, as horovodrun does (a GPU or host fault); 'worker', itself alone, its host's "
+        "other workers going on (an out-of-memory kill) (default host)",
     )
     elastic.add_argument(
         "--discovery-interval",
@@ -431,7 +439,7 @@ def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
     checked either way: a bad --elastic-timeout is a mistake even where it does not apply."""
     elastic = args.host_discovery_script is not None or args.min_np is not None
     if not elastic:
-        for flag in ("max_np", "slots_per_host", "reset_limit"):
+        for flag in ("max_np", "slots_per_host", "reset_limit", "failure_scope"):
             if getattr(args, flag) is not None:
                 name = "--" + flag.replace("_", "-")
                 raise UsageError(f"{name} needs elastic mode (--min-np or --host-discovery-script)")
@@ -447,6 +455,7 @@ def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
         elastic_timeout=args.elastic_timeout,
         reset_limit=args.reset_limit,
         cooldown_range=(low, high),
+        failure_scope=FailureScope(args.failure_scope or FailureScope.HOST),
     )
     return settings if elastic else None
 

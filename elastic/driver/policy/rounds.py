@@ -9,6 +9,7 @@ assert on.
 from __future__ import annotations
 
 import enum
+import signal
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
@@ -19,6 +20,8 @@ from elastic.driver.workers import Worker, WorkerState
 from elastic.protocol.http import SlotInfo
 
 JOIN_WINDOW = 3.0  # seconds ready joiners wait for those launched with them before a round
+FLEET_LOSS_REPEATS = 3  # the same loss of every worker, this many times in a row, ends the job
+LOST_EXIT = 255  # ssh's code for a host it lost, and a detached worker's with no exit status
 
 
 class Cause(enum.StrEnum):
@@ -141,10 +144,29 @@ class ShowProgress:
 
 
 @dataclass(frozen=True)
-class RecordFleetLoss:
-    """Remember that every worker was lost at `commit`: the same loss again ends the job."""
+class FleetLoss:
+    """How every worker of the job was lost: at the job's newest commit `commit`, its failed
+    workers ending as `exits` says (distinct words, sorted), `progress` commits after the
+    previous such loss (or the job's start): the step they reached. `times`: how many losses
+    in a row were `alike`."""
 
     commit: int
+    exits: tuple[str, ...]
+    progress: int
+    times: int = 1
+
+    def alike(self, other: FleetLoss) -> bool:
+        """The same exits at the same step, give or take the one commit that the workers'
+        last heartbeats may not have carried (the driver learns commits from them)."""
+        return self.exits == other.exits and abs(self.progress - other.progress) <= 1
+
+
+@dataclass(frozen=True)
+class RecordFleetLoss:
+    """Remember that every worker was lost (`loss`): no commit since, or the same loss
+    `FLEET_LOSS_REPEATS` times in a row, ends the job."""
+
+    loss: FleetLoss
 
 
 @dataclass(frozen=True)
@@ -160,6 +182,18 @@ class MarkExiting:
     """Worker `worker_id` said it exits: judge it by its exit code from now on."""
 
     worker_id: str
+
+
+@dataclass(frozen=True)
+class TakeOut:
+    """Take worker `worker_id` out of the job now, for `why` (its host failed: see
+    `FailureScope.HOST`): it hears that round `number` is broken, so that a collective it is
+    blocked in fails at once and it asks to join again, and is refused; it is stopped
+    (SIGTERM, SIGKILL after --stop-grace). Its exit is no failure of its own."""
+
+    worker_id: str
+    why: str
+    number: int
 
 
 @dataclass(frozen=True)
@@ -248,6 +282,7 @@ Action = (
     | RecordFleetLoss
     | MarkEnded
     | MarkExiting
+    | TakeOut
     | Signal
     | CoolDown
     | BreakRound
@@ -287,7 +322,7 @@ class JobView:
     resets: int  # rounds formed after the first
     short_since: float | None  # when the job fell short of --min-np (SHORT phase)
     newest_commit: int  # the newest commit count any worker reported
-    commit_at_fleet_loss: int | None  # newest commit when every worker was last lost
+    fleet_loss: FleetLoss | None  # how every worker was last lost, if it ever was
     round: int = 0  # the newest round's number
     slots: Mapping[str, SlotInfo] = field(default_factory=dict)  # its members' places
     command: Sequence[str] = ()  # what each worker runs
@@ -301,12 +336,12 @@ class JobView:
         name = f"rank {slot.rank}" if slot is not None else f"worker {worker.worker_id}"
         return f"{name} on host {worker.hostname}"
 
-    def alive_besides(self, worker: Worker) -> bool:
-        """Whether any started worker other than `worker` is alive."""
+    def alive_besides(self, *gone: Worker) -> bool:
+        """Whether any started worker other than those `gone` is alive."""
         return any(
             w.state.alive and w.process is not None
             for w in self.workers.values()
-            if w is not worker
+            if all(w is not other for other in gone)
         )
 
     def launching(self) -> list[Worker]:
@@ -431,18 +466,47 @@ def job_end(view: JobView) -> Decision:
     return Decision((Finish(failed[-1].exit_code or 1, message),), message)
 
 
-def fleet_lost(view: JobView, exit_code: int | None, now: float) -> Decision:
-    """Every worker died. If they committed since the job started (or since the fleet was
-    last lost), start again on the offered hosts within --elastic-timeout, saying that the
-    state is lost, or, with --checkpoint-dir, that the new workers resume from the newest
-    durable commit; otherwise (a script that fails before its first commit) end the job."""
+def fleet_lost(view: JobView, last: Worker, now: float) -> Decision:
+    """`last` failed, and no other worker is alive. The job ends with `last`'s exit code when
+    new workers could only fail the same way:
+
+    * no commit was made since the job started, or since every worker was last lost (a
+      script that fails before its first commit);
+    * every worker whose failure lost the fleet (`lost_with`) exited with an error code (an
+      exception, `sys.exit(n)`; not a signal, a lost host or a hang: `exited_with_error`);
+    * the same loss (the same exits at the same step, `FleetLoss.alike`) happened
+      `FLEET_LOSS_REPEATS` times in a row.
+
+    Otherwise (a fleet lost to preemption: signals, vanished hosts, hangs) it starts again on
+    the offered hosts within --elastic-timeout, saying that the state is lost, or, with
+    --checkpoint-dir, that the new workers resume from the newest durable commit."""
     elastic = view.elastic
     assert elastic is not None
-    commit = view.newest_commit
-    if commit == 0 or commit == view.commit_at_fleet_loss:
+    commit, previous = view.newest_commit, view.fleet_loss
+    code = last.exit_code or 1
+    if commit == 0 or (previous is not None and commit == previous.commit):
         since = "since the last such loss" if commit else "since the job started"
         message = f"every worker of the job failed, with no commit {since}"
-        return Decision((Finish(exit_code or 1, message),), message)
+        return Decision((Finish(code, message),), message)
+    failures = lost_with(view, last)
+    exits = tuple(sorted({how_lost(w) for w in failures}))
+    if all(exited_with_error(w) for w in failures):
+        message = (
+            f"every worker of the job exited with an error ({', '.join(exits)}): the job "
+            "ends instead of starting new workers that would fail the same way (their output "
+            "says why)"
+        )
+        return Decision((Finish(code, message),), message)
+    loss = FleetLoss(commit, exits, commit - (previous.commit if previous is not None else 0))
+    if previous is not None and loss.alike(previous):
+        loss = FleetLoss(loss.commit, loss.exits, loss.progress, previous.times + 1)
+    if loss.times >= FLEET_LOSS_REPEATS:
+        message = (
+            f"every worker of the job was lost the same way {loss.times} times in a row "
+            f"({', '.join(exits)}, {loss.progress} commit(s) after they started): the job ends "
+            "instead of starting new workers again"
+        )
+        return Decision((Finish(code, message),), message)
     if view.checkpoint_dir:
         state = f"new workers resume from the newest durable commit in {view.checkpoint_dir}"
     else:
@@ -452,9 +516,50 @@ def fleet_lost(view: JobView, exit_code: int | None, now: float) -> Decision:
         f"(up to {elastic.elastic_timeout:g} s, --elastic-timeout)"
     )
     waiting = () if view.short_since is not None else (WaitForWorkers(now),)
-    return Decision(
-        (Log("warning", reason), RecordFleetLoss(commit), *waiting, FillSlots()), reason
-    )
+    return Decision((Log("warning", reason), RecordFleetLoss(loss), *waiting, FillSlots()), reason)
+
+
+def lost_with(view: JobView, last: Worker) -> list[Worker]:
+    """The workers whose failures lost the fleet: the current round's failed members, and
+    `last`. Workers taken out with a failed host (stopped) are not among them."""
+    failed = [
+        w
+        for w in (view.workers[m] for m in view.members)
+        if w.state is WorkerState.FAILED and w is not last
+    ]
+    return [*failed, last]
+
+
+def _signal_of(worker: Worker) -> int | None:
+    """The signal that ended `worker`, known or read from a 128+N exit code."""
+    number = worker.process.signal if worker.process is not None else None
+    code = worker.exit_code
+    if number is None and code is not None and code < 0:
+        number = -code
+    elif number is None and code is not None and 128 < code < 160:
+        number = code - 128
+    return number
+
+
+def how_lost(worker: Worker) -> str:
+    """How a failed `worker` ended, in a few words: by a signal, with an exit code, or not
+    yet (declared dead: hung, silent, stalled, and being killed)."""
+    number = _signal_of(worker)
+    if number is not None:
+        try:
+            return f"killed by signal {signal.Signals(number).name}"
+        except ValueError:
+            return f"killed by signal {number}"
+    if worker.exit_code is None:
+        return "declared dead"
+    return f"exit code {worker.exit_code}"
+
+
+def exited_with_error(worker: Worker) -> bool:
+    """Whether `worker` ended by exiting with an error code of its own: not by a signal, not
+    declared dead, not with `LOST_EXIT` (ssh lost its host; no exit status was left)."""
+    code = worker.exit_code
+    return _signal_of(worker) is None and code not in (None, 0, LOST_EXIT)
 
 
 def fill_slots(view: JobView, hosts: Sequence[HostSpec]) -> Decision:

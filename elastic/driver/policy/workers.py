@@ -32,9 +32,11 @@ from elastic.driver.policy.rounds import (
     SeeHandovers,
     SeeIfEnded,
     Signal,
+    TakeOut,
     fleet_lost,
     joiner_waiting,
 )
+from elastic.driver.settings import FailureScope
 from elastic.driver.workers import Worker, WorkerState
 
 
@@ -83,9 +85,11 @@ def exited(view: JobView, worker: Worker, ended_unwatched: bool, now: float) -> 
 
 def failed(view: JobView, worker: Worker, reason: str, now: float) -> Decision:
     """`worker` died for `reason`. A static job ends with its exit code. An elastic one cools
-    its host down, breaks its round (or, for a leaver, the round it left, whose collectives
-    its peers may still be in), and re-forms from the survivors; when it was the last
-    worker, see `fleet_lost`."""
+    its host down and, with --failure-scope host (the default, as horovodrun), takes the
+    host's other live workers out of the job with it (`host_fellows`); it breaks the round
+    (or, for a leaver, the round it left, whose collectives its peers may still be in) when
+    a member is gone, and re-forms from the survivors; when no worker is left, see
+    `fleet_lost`."""
     where = view.where(worker)
     line = f"{where} {reason}"
     dead = MarkEnded(worker.worker_id, failed=True)
@@ -99,15 +103,37 @@ def failed(view: JobView, worker: Worker, reason: str, now: float) -> Decision:
     ]
     if not view.phase.forms_rounds:
         return Decision((*actions, SeeIfEnded()), line)
-    if worker.worker_id in view.slots:
+    fellows = host_fellows(view, worker)
+    for fellow in fellows:
+        why = f"its host {worker.hostname} failed with {where} (--failure-scope host)"
+        said = f"{view.where(fellow)} leaves the job: {why}"
+        actions += [Log("warning", said, "leave", fellow.worker_id),
+                    TakeOut(fellow.worker_id, why, view.round)]  # fmt: skip
+    if worker.worker_id in view.slots or any(f.worker_id in view.slots for f in fellows):
         actions += [BreakRound(view.round, line), Reform(line, True, Cause.FAILURE)]
     elif worker.state is WorkerState.LEAVING:
         actions.append(BreakRound(view.round - 1, line))
-    if view.alive_besides(worker):
+    if view.alive_besides(worker, *fellows):
         actions += [FillSlots(), SeeHandovers()]  # refill its slot unless it cools down
-    else:
-        actions += fleet_lost(view, worker.exit_code, now).actions
-    return Decision(tuple(actions), line)
+        return Decision(tuple(actions), line)
+    lost = fleet_lost(view, worker, now)
+    return Decision((*actions, *lost.actions), f"{line}; {lost.reason}")
+
+
+def host_fellows(view: JobView, worker: Worker) -> list[Worker]:
+    """The live workers on `worker`'s host that leave the job with it when it fails: all of
+    them with --failure-scope host, none with --failure-scope worker."""
+    assert view.elastic is not None
+    if view.elastic.failure_scope is FailureScope.WORKER:
+        return []
+    return [
+        w
+        for w in view.workers.values()
+        if w.hostname == worker.hostname
+        and w is not worker
+        and w.state.alive
+        and w.process is not None
+    ]
 
 
 def judged(
