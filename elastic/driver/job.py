@@ -257,7 +257,9 @@ class Job:
             self._conductor.rounds.cancel()
             await self._fleet.close(abandon=self._conductor.phase is Phase.ABANDONED)
             await endpoints.stop()
-            remove_job_file(job_file)
+            ended = self._result.done() and self._conductor.phase is not Phase.ABANDONED
+            if ended or not self.settings.backend.durable:
+                remove_job_file(job_file)  # else it keeps the token for the job's next driver
 
     async def _hear_reports(self) -> None:
         while True:
