@@ -239,10 +239,10 @@ def test_an_oversized_body_gets_413_over_a_real_socket(framing: str) -> None:
     auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
     with serving(create_app(make_services(), max_body_bytes=1024)) as url:
         if framing == "content-length":
-            head = b"POST /v1/kv/set HTTP/1.1\r\nHost: d\r\nContent-Length: 4096\r\n"
+            head = b"POST /v1/kv/set HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 4096\r\n"
             body = b"x" * 4096
         else:
-            head = b"POST /v1/kv/set HTTP/1.1\r\nHost: d\r\nTransfer-Encoding: chunked\r\n"
+            head = b"POST /v1/kv/set HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
             body = b"400\r\n" + b"x" * 1024 + b"\r\n" + b"1\r\nx\r\n0\r\n\r\n"
         answer = _raw_post(url, head + auth + b"\r\n", body)
         assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]

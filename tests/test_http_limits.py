@@ -182,7 +182,7 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_timeout() -> None:
         with httpx.Client(base_url=f"http://{host}:{port}", headers=AUTH) as client:
             assert client.get("/v1/status").status_code == 200
         conn = socket.create_connection((host, port), timeout=5)
-        conn.sendall(b"GET /v1/status HTTP/1.1\r\nHost: d\r\n" + auth_line() + b"\r\n")
+        conn.sendall(b"GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth_line() + b"\r\n")
         answer = conn.recv(65536)
         assert answer.startswith(b"HTTP/1.1 200 "), answer[:100]
         closed = closed_within(conn, IDLE * 4)

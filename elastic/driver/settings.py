@@ -17,6 +17,7 @@ from elastic.driver.errors import SettingsError, seconds
 from elastic.driver.journal.job_token import GivenToken
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.logs import LOG_FORMATS
+from elastic.driver.server.host_check import check_allowed_host
 from elastic.protocol.env import ETCD_PASSWORD, CheckpointSettings
 from elastic.protocol.etcd import EtcdOptions
 
@@ -125,6 +126,7 @@ class Settings:
     tls: bool = False  # HTTPS and TLS gRPC; workers pin the driver's certificate
     tls_cert: str | None = None  # PEM files; with `tls` and none given: self-signed per job
     tls_key: str | None = None
+    allowed_hosts: tuple[str, ...] = ()  # --allowed-hosts: more names the HTTP port answers to
     elastic: ElasticSettings | None = None
     backend: BackendSettings = field(default_factory=BackendSettings)
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
@@ -136,7 +138,8 @@ class Settings:
 
     def __post_init__(self) -> None:
         """Raise `SettingsError` for no command, no -np outside elastic mode, a count or
-        duration out of range, an -np outside --min-np..--max-np, or half a TLS identity."""
+        duration out of range, an -np outside --min-np..--max-np, half a TLS identity, or an
+        --allowed-hosts entry that is not a host name or address."""
         if not self.command:
             raise SettingsError("no command given: elasticrun -np N [options] COMMAND [ARGS...]")
         _count(self.np, "-np", MAX_NP)
@@ -161,6 +164,11 @@ class Settings:
                 raise SettingsError(f"-np {self.np} must lie between --min-np and --max-np")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SettingsError("--tls-cert and --tls-key go together")
+        for entry in self.allowed_hosts:
+            try:
+                check_allowed_host(entry)
+            except ValueError as err:
+                raise SettingsError(f"--allowed-hosts: {err}") from None
         if self.log_format not in LOG_FORMATS:
             raise SettingsError(
                 f"--log-format must be {' or '.join(LOG_FORMATS)}, got {self.log_format!r}"

@@ -237,6 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--tls-cert", metavar="FILE", help="TLS certificate (PEM) to serve with (implies --tls)"
     )
     security.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
+    security.add_argument(
+        "--allowed-hosts",
+        metavar="NAME[:PORT],...",
+        help="more names the HTTP port answers to in the Host header (a proxy, a DNS name), "
+        "beside its own address, the machine's names and, on loopback, localhost; '*' lets "
+        "every name through (default: none more)",
+    )
     durable = parser.add_argument_group(
         "durable commits",
         "commits written to a directory in the background by one worker, so that a job that "
@@ -398,6 +405,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         tls=args.tls or args.tls_cert is not None,
         tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else None,
         tls_key=os.path.abspath(args.tls_key) if args.tls_key else None,
+        allowed_hosts=_allowed_hosts(args.allowed_hosts),
         checkpoint=_checkpoint_settings(args),
         preemption_check=args.preemption_check or "",
         preemption_check_interval=args.preemption_check_interval,
@@ -417,6 +425,11 @@ def _settings(args: argparse.Namespace) -> Settings:
     if settings.output_dir is not None:  # last: every other flag is good, so it is wanted
         prepare_output_dir(settings.output_dir)
     return settings
+
+
+def _allowed_hosts(text: str | None) -> tuple[str, ...]:
+    """`--allowed-hosts a,b:8443` as its entries (checked by `Settings`)."""
+    return tuple(entry.strip() for entry in text.split(",")) if text is not None else ()
 
 
 def prepare_output_dir(path: str) -> None:

@@ -7,7 +7,8 @@ import contextlib
 import json
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from functools import partial
 from typing import Any
 
 import uvicorn
@@ -15,6 +16,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from elastic.driver.launch.network import own_names
 from elastic.driver.server import (
     hosts,
     kv,
@@ -26,8 +28,9 @@ from elastic.driver.server import (
     status,
     stop,
 )
-from elastic.driver.server.auth import TokenGate, require_token
+from elastic.driver.server.auth import TokenGate, identified, require_token
 from elastic.driver.server.connections import ConnectionGuard, ConnectionLimits
+from elastic.driver.server.host_check import AllowedHosts, HostCheck
 from elastic.driver.server.limits import MAX_BODY_BYTES, BodyLimit
 from elastic.driver.server.services import Services
 from elastic.driver.server.sessions import PageSessions
@@ -113,7 +116,11 @@ class HttpServer:
     With `tls` it serves HTTPS only (a plain-HTTP client fails its request) and `url` starts
     with https://; the SSLContext is built here, so a bad identity raises before serving.
     Connections are bounded in number and in idle time by `limits` (see `ConnectionGuard`;
-    default: `ConnectionLimits()`).
+    default: `ConnectionLimits()`); a request carrying `app.state.services.token` or a live
+    page session is timed by its route, any other by the limits. Every request must name this
+    server in its Host header: the bound address, loopback names when that is loopback, the
+    machine's names, or one of `allowed_hosts` (`--allowed-hosts`; see `HostCheck`), else it
+    gets 421. Raises ValueError for a bad entry of `allowed_hosts`.
     """
 
     def __init__(
@@ -123,7 +130,11 @@ class HttpServer:
         port: int = 0,
         tls: TlsIdentity | None = None,
         limits: ConnectionLimits | None = None,
+        allowed_hosts: Iterable[str] = (),
     ) -> None:
+        self._allowed_hosts = tuple(allowed_hosts)
+        # Without the machine's names until `start` looks them up (DNS, off the event loop).
+        self._host_check = HostCheck(app, AllowedHosts.for_server(host, (), self._allowed_hosts))
         ssl_context = tls.server_ssl_context() if tls is not None else None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when
@@ -135,9 +146,9 @@ class HttpServer:
         self.port = self._socket.getsockname()[1]
         self.tls = tls
         self.limits = limits or ConnectionLimits()
-        self._guard = ConnectionGuard(self.limits)
+        self._guard = ConnectionGuard(self.limits, partial(identified, app.state))
         config = uvicorn.Config(
-            app,
+            self._host_check,
             http=self._guard.protocol,  # type: ignore[arg-type]
             ws="none",  # no route takes a websocket: refuse upgrades in the protocol
             log_level="warning",
@@ -162,11 +173,14 @@ class HttpServer:
 
     @property
     def connections(self) -> tuple[int, int]:
-        """(held, idle): the connections open now, and how many of them wait for a request
-        head (the rest have a request in progress)."""
+        """(held, idle): the connections open now, and how many of them are on the clock
+        (wait for a request head, or for their request without the token to be answered);
+        the rest have an authenticated request in progress."""
         return len(self._server.server_state.connections), self._guard.idle
 
     async def start(self) -> None:
+        names = await asyncio.to_thread(own_names)
+        self._host_check.allowed = AllowedHosts.for_server(self.host, names, self._allowed_hosts)
         self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
         while not self._server.started:
             if self._task.done():

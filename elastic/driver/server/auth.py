@@ -9,7 +9,10 @@ Three doors, one place (`TokenGate`, at the ASGI door, from the headers alone):
   `LOGIN_BODY_BYTES`;
 * everything else (`/v1/...`): the job token, `Authorization: Bearer <token>`.
 
-A refused request is refused before its body is read, so each request of a flood of
+A request let through without the token or a session (to `/metrics`, the login page, its
+files) may send a body of at most `LOGIN_BODY_BYTES`, and must be read and answered within the
+connection's idle timeout (`connections.py`, which also closes it first for room). A refused
+request is refused before its body is read, so each request of a flood of
 unauthenticated ones costs the driver a header lookup and a ~100-byte answer, however large its
 body, and none of them waits in line for anything. The route dependencies (`require_token`,
 `require_viewer`) repeat the check on every route, so a route is guarded even where the gate is
@@ -51,7 +54,7 @@ PAGE_MARKER = "x-elasticrun-page"
 request of the page to `/ui/api/...`: a cross-site form cannot set a header, a script of
 another origin that sets one needs a CORS preflight this driver never grants, and a service on
 another port of this host that received the cookie does not know the secret."""
-LOGIN_BODY_BYTES = 4096  # the most a request without a login may send to the page's routes
+LOGIN_BODY_BYTES = 4096  # the most a request without a login may send (the page, /metrics)
 
 
 def _services_of(request: Request) -> Services:
@@ -153,10 +156,28 @@ async def require_viewer(request: Request) -> None:
         raise HTTPException(status.HTTP_403_FORBIDDEN, PAGE_SECRET_NEEDED)
 
 
+def identified(state: object, headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a request's lower-case `headers` carry the job token or name a live page
+    session of the app whose `state` is given (False for an app without a token). The
+    connection limits read it from a request's head, before the app runs (`connections.py`)."""
+    services: Services | None = getattr(state, "services", None)
+    if services is None:
+        return False
+    first = {}  # each header's first value, as `TokenGate` reads it
+    for name, value in headers:
+        first.setdefault(name, value)
+    if token_matches(first.get(b"authorization", b""), services.token):
+        return True
+    cookie = first.get(b"cookie", b"").decode("latin-1")
+    sessions: PageSessions = state.sessions  # type: ignore[attr-defined]
+    return bool(cookie) and session_cookie(cookie, sessions) is not None
+
+
 class TokenGate:
     """Pure ASGI middleware, the doors of this module's docstring: answers 401
     (`WWW-Authenticate: Bearer`, connection closed) to a request that its path's door refuses,
-    before reading any of its body. `open_paths` are served to anyone (nothing secret there).
+    before reading any of its body. `open_paths` are served to anyone (nothing secret there),
+    with a body of at most `LOGIN_BODY_BYTES`, as the login page is.
 
     The token, the page's sessions and the set of refused peers are read from the Starlette
     app serving the request (`app.state.services`, `.sessions`, `.refused_peers`), as the route
@@ -169,12 +190,15 @@ class TokenGate:
         self._login_sized = BodyLimit(app, LOGIN_BODY_BYTES)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         state = scope["app"].state
         if token_matches(_header(scope, b"authorization"), state.services.token):
             await self.app(scope, receive, send)
+            return
+        if scope["path"] in self.open_paths:
+            await self._login_sized(scope, receive, send)
             return
         path = scope["path"]
         if is_page(path):

@@ -58,7 +58,7 @@ class Endpoints:
         self.tls = tls_identity(settings, address)
         self.sessions = PageSessions()
         app = create_app(services, sessions=self.sessions)
-        self._http = HttpServer(app, address, tls=self.tls)
+        self._http = HttpServer(app, address, tls=self.tls, allowed_hosts=settings.allowed_hosts)
         self.sessions.cookie = cookie_name(self._http.port)  # bound: one cookie per driver
         self._control = ControlServer(
             listener,

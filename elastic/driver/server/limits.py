@@ -1,6 +1,11 @@
-"""What one HTTP request may cost the driver: a bounded body, refused before it is parsed."""
+"""What one HTTP request may cost the driver: a bounded body, refused before it is parsed; and
+what refusals cost its log: a line a minute at most, for each kind (`LimitLog`)."""
 
 from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -8,6 +13,38 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 # The largest legitimate body is a compare_set with two 4 MiB values, base64 in JSON (~11.2 MiB),
 # or a check/wait naming 1024 keys of 1024 characters each; 16 MiB covers both.
 MAX_BODY_BYTES = 16 * 1024 * 1024
+LOG_EVERY = 60.0  # seconds between two lines about one kind of refusal
+
+
+class LimitLog:
+    """Warnings about refused or closed connections, at most one line per kind of event every
+    `every` seconds: the first event of a quiet spell is logged at once, the next ones are
+    counted, and the first line after `every` seconds says how many were not logged. A flood
+    costs the log a line a minute, never a line (or a traceback) per event."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        every: float = LOG_EVERY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._logger = logger
+        self._every = every
+        self._clock = clock
+        self._kinds: dict[str, tuple[float, int]] = {}  # kind: (last line's time, untold)
+
+    def note(self, kind: str, message: str, *args: object) -> None:
+        """One event of `kind` (a fixed name, not a peer's address); `message` (%-style with
+        `args`) is logged if no line of this kind was in the last `every` seconds."""
+        now = self._clock()
+        last, untold = self._kinds.get(kind, (float("-inf"), 0))
+        if now - last < self._every:
+            self._kinds[kind] = (last, untold + 1)
+            return
+        self._kinds[kind] = (now, 0)
+        if untold:
+            message += f" ({untold} more since the last such line)"
+        self._logger.warning(message, *args)
 
 
 def refusal(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
