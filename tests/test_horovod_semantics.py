@@ -221,17 +221,19 @@ def _simulated(size: int) -> list[dict[str, torch.Tensor]]:
     summed = sum(xs)
     rows = [3 // size + (1 if r < 3 % size else 0) for r in range(size)]
     starts = [sum(rows[:r]) for r in range(size)]
+    # Horovod defines reducescatter's gradient as the allgathered gradient (times the
+    # number of ranks for Sum): the number of ranks times the single-process gradient.
+    scatter_sum = grads_of([summed[starts[r] : starts[r] + rows[r]] for r in range(size)], size)
+    scatter_avg = grads_of(
+        [(summed / size)[starts[r] : starts[r] + rows[r]] for r in range(size)], size
+    )
     results: dict[str, list[torch.Tensor]] = {
         "allreduce_sum": grads_of([summed] * size),
         "allreduce_avg": grads_of([summed / size * 2.0] * size),
         "grouped_sum": grads_of([[summed, sum(x * 3 for x in xs)]] * size),
         "grouped_avg": grads_of([[summed / size, sum(x[1:] for x in xs) / size]] * size),
-        "reducescatter_sum": grads_of(
-            [summed[starts[r] : starts[r] + rows[r]] for r in range(size)]
-        ),
-        "reducescatter_avg": grads_of(
-            [(summed / size)[starts[r] : starts[r] + rows[r]] for r in range(size)]
-        ),
+        "reducescatter_sum": scatter_sum,
+        "reducescatter_avg": scatter_avg,
     }
     # Horovod defines allgather's and broadcast's gradients as averages over the ranks: the
     # single-process counterpart is the mean of the ranks' losses.
@@ -404,12 +406,19 @@ def _join_optimizer() -> dict[str, Any]:
         model(x).sum().backward()
         optimizer.step()
     last = hvd.join()
-    error = None
-    try:
-        hvd.broadcast(torch.ones(1), root_rank=0) if rank == 0 else hvd.join()
-    except hvd.CollectiveArgumentError as err:
-        error = str(err)
-    return {"weight": model.weight.detach().clone(), "last": last, "error": error}
+    error, second = None, None
+    if rank == 0:  # the others joined again: a broadcast cannot run (Horovod's error)
+        try:
+            hvd.broadcast(torch.ones(1), root_rank=0)
+        except hvd.CollectiveArgumentError as err:
+            error = str(err)
+    second = hvd.join()  # the joined ranks stayed in join() and return with rank 0
+    return {
+        "weight": model.weight.detach().clone(),
+        "last": last,
+        "error": error,
+        "second": second,
+    }
 
 
 def _join_optimizer_reference(size: int) -> torch.Tensor:
@@ -430,8 +439,9 @@ def test_join_lets_ranks_with_uneven_data_finish_a_distributed_optimizer_loop() 
     for result in results:
         torch.testing.assert_close(result["weight"], expected)
         assert result["last"] == 2
-    errors = {r["error"] for r in results}
-    assert len(errors) == 1 and "cannot run while" in errors.pop()
+        assert result["second"] == 0
+    assert "cannot run while ranks 1, 2 have joined" in results[0]["error"]
+    assert results[1]["error"] is None and results[2]["error"] is None
 
 
 def _sync_batch_norm_batch(rank: int) -> torch.Tensor:
@@ -496,3 +506,217 @@ def test_broadcast_optimizer_state_handles_parameters_without_gradients() -> Non
 def test_init_with_an_mpi_communicator_says_what_to_use_instead() -> None:
     with pytest.raises(NotImplementedError, match="process sets"):
         hvd.init(comm=[0, 1])
+
+
+# --- issue 27: the last Horovod semantics that differed ---------------------------------------
+
+
+def _sparse_inputs(rank: int, which: int) -> torch.Tensor:
+    if which == 0:
+        return torch.sparse_coo_tensor([[rank, 4]], [1.0 + rank, 10.0], (6,), check_invariants=True)
+    # one sparse and one dense dimension
+    return torch.sparse_coo_tensor([[0], [rank]], [[2.0, 3.0]], (2, 3, 2), check_invariants=True)
+
+
+def _sparse_handles() -> dict[str, Any]:
+    rank = current("test").rank
+    tensors = [_sparse_inputs(rank, 0), _sparse_inputs(rank, 1)]
+    handles = [
+        hvd.sparse_allreduce_async(t, name=f"sparse.{i}", op=hvd.Sum) for i, t in enumerate(tensors)
+    ]
+    results = [h() for h in handles]  # as Horovod code calls them
+    averaged = hvd.sparse_allreduce_async(tensors[0], name="sparse.avg", op=hvd.Average)
+    while not hvd.poll(averaged):
+        pass
+    return {
+        "sums": [r.to_dense() for r in results],
+        "average": hvd.synchronize(averaged).to_dense(),
+        "unnamed": hvd.sparse_allreduce_async(tensors[0], None, hvd.Sum)().to_dense(),
+    }
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_sparse_allreduce_async_returns_a_handle_that_is_called_as_horovods(size: int) -> None:
+    results = run_group(_sparse_handles, size)
+    first = torch.stack([_sparse_inputs(r, 0).to_dense() for r in range(size)]).sum(0)
+    second = torch.stack([_sparse_inputs(r, 1).to_dense() for r in range(size)]).sum(0)
+    for result in results:
+        torch.testing.assert_close(result["sums"][0], first)
+        torch.testing.assert_close(result["sums"][1], second)
+        torch.testing.assert_close(result["average"], first / size)
+        torch.testing.assert_close(result["unnamed"], first)
+
+
+DUPLICATE_CALLS = {
+    "allreduce": lambda t: hvd.allreduce_async(t, name="duplicate_name"),
+    "allgather": lambda t: hvd.allgather_async(t, name="duplicate_name"),
+    "broadcast": lambda t: hvd.broadcast_async(t, 0, name="duplicate_name"),
+    "reducescatter": lambda t: hvd.reducescatter_async(t, name="duplicate_name", op=hvd.Sum),
+}
+
+
+def _duplicate_name(kind: str) -> dict[str, Any]:
+    """Horovod's duplicate-name test: rank 0 starts a named call and repeats it, then a
+    barrier, then the other ranks do the same, then a barrier."""
+    ctx = current("test")
+    rank = ctx.rank
+    tensor = torch.full((2 * ctx.size, 3), float(rank + 1))
+    call = DUPLICATE_CALLS[kind]
+    refused, handle = [], None
+    if rank == 0:
+        handle = call(tensor)
+        for _ in range(3):
+            try:
+                call(tensor)
+            except ValueError as err:  # Horovod's type for a name in flight
+                refused.append(str(err))
+    hvd.barrier()
+    if rank > 0:
+        handle = call(tensor)
+        try:
+            call(tensor)
+        except ValueError as err:
+            refused.append(str(err))
+    hvd.barrier()
+    assert handle is not None
+    return {"refused": refused, "result": hvd.synchronize(handle)}
+
+
+@pytest.mark.parametrize("kind", list(DUPLICATE_CALLS))
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_name_in_flight_is_refused_on_every_rank_that_reuses_it_as_horovods(
+    size: int, kind: str
+) -> None:
+    results = run_group(_duplicate_name, size, kind)
+    tensors = [torch.full((2 * size, 3), float(r + 1)) for r in range(size)]
+    summed = sum(tensors)
+    for rank, result in enumerate(results):
+        assert len(result["refused"]) == (3 if rank == 0 else 1), result["refused"]
+        assert all("'duplicate_name' is already in flight" in e for e in result["refused"])
+        expected = {
+            "allreduce": summed / size,
+            "allgather": torch.cat(tensors),
+            "broadcast": tensors[0],
+            "reducescatter": summed[2 * rank : 2 * rank + 2],
+        }[kind]
+        torch.testing.assert_close(result["result"], expected)
+
+
+def _reducescatter_gradients() -> dict[str, torch.Tensor]:
+    """Horovod's reducescatter gradient tests: ones flow back from every rank's slice."""
+    size = current("test").size
+    grads: dict[str, torch.Tensor] = {}
+    cases = {
+        "sum": dict(op=hvd.Sum),
+        "average": dict(op=hvd.Average),
+        "sum_scaled": dict(op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0),
+        "average_scaled": dict(op=hvd.Average, prescale_factor=2.0, postscale_factor=0.25),
+    }
+    for name, kwargs in cases.items():
+        x = torch.ones(size * 4 + 1, 3, dtype=torch.float64, requires_grad=True)
+        out = hvd.reducescatter(x, **kwargs)
+        out.backward(torch.ones_like(out))
+        grads[name] = x.grad
+    xs = [torch.ones(size * 2, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    for out in hvd.grouped_reducescatter(xs, op=hvd.Sum):
+        out.backward(torch.ones_like(out))
+    grads["grouped_sum"] = torch.stack([x.grad for x in xs])
+    return grads
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_reducescatter_gradients_are_horovods(size: int) -> None:
+    """Horovod's HorovodReducescatter.backward: the allgathered gradient, times the number
+    of ranks for Sum, times the prescale and postscale factors."""
+    expected = {
+        "sum": float(size),
+        "average": 1.0,
+        "sum_scaled": size * 0.5 * 3.0,
+        "average_scaled": 2.0 * 0.25,
+        "grouped_sum": float(size),
+    }
+    for result in run_group(_reducescatter_gradients, size):
+        for name, value in expected.items():
+            grad = result[name]
+            torch.testing.assert_close(grad, torch.full_like(grad, value), msg=name)
+
+
+ALLTOALL_MISTAKES = {
+    # Horovod's test_horovod_alltoall_*_error cases, on every rank
+    "uneven without splits": lambda r, n: hvd.alltoall(torch.ones(n + 1)),
+    "splits sum beyond dim 0": lambda r, n: hvd.alltoall(
+        torch.ones(n - 1), torch.ones(n, dtype=torch.int32)
+    ),
+    "float splits": lambda r, n: hvd.alltoall(torch.ones(n), torch.ones(n, dtype=torch.float32)),
+    "splits not one per rank": lambda r, n: hvd.alltoall(torch.ones(n), [1] * (n + 1)),
+    "a scalar": lambda r, n: hvd.alltoall(torch.tensor(1.0)),
+    # the same mistakes on one rank only: the others must not go on alone
+    "uneven on rank 0 only": lambda r, n: hvd.alltoall(torch.ones(n + (1 if r == 0 else 0))),
+    "bad splits on the last rank only": lambda r, n: hvd.alltoall(
+        torch.ones(n), [1] * n if r < n - 1 else [n] * n
+    ),
+}  # fmt: skip
+
+
+def _alltoall_mistake(kind: str) -> dict[str, Any]:
+    ctx = current("test")
+    try:
+        ALLTOALL_MISTAKES[kind](ctx.rank, ctx.size)
+        error = None
+    except ValueError as err:
+        error = (type(err).__name__, str(err))
+    fewer = hvd.alltoall(torch.arange(ctx.size + 1.0), [1] * ctx.size)  # Horovod: sum < dim 0
+    after = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()
+    return {"error": error, "fewer": fewer, "after": after}
+
+
+@pytest.mark.parametrize("kind", list(ALLTOALL_MISTAKES))
+@pytest.mark.parametrize("size", [2, 3])
+def test_alltoall_arguments_that_cannot_work_raise_a_value_error_on_every_rank(
+    size: int, kind: str
+) -> None:
+    results = run_group(_alltoall_mistake, size, kind)
+    errors = {r["error"] for r in results}
+    assert len(errors) == 1, errors  # the same type and message everywhere
+    (error,) = errors
+    assert error is not None and error[0] == "CollectiveArgumentError", error
+    assert error[1].startswith("hvd.alltoall: rank"), error
+    for rank, result in enumerate(results):
+        out, received = result["fewer"]  # row r of every rank; the last row is not sent
+        torch.testing.assert_close(out, torch.full((size,), float(rank)))
+        assert received.tolist() == [1] * size
+        assert result["after"] == size
+
+
+def _join_with_others_errors(first: int) -> dict[str, Any]:
+    """Horovod's join tests: rank `first` joins at once; the others call allgather and
+    broadcast (Horovod: not supported with Join, an error on the calling ranks) and an
+    allreduce, then join."""
+    ctx = current("test")
+    if ctx.rank == first:
+        return {"last": hvd.join(), "errors": []}
+    errors = []
+    for call in (
+        lambda: hvd.allgather(torch.ones(2, 2)),
+        lambda: hvd.broadcast(torch.ones(3), root_rank=(first + 1) % ctx.size),
+    ):
+        try:
+            call()
+        except RuntimeError as err:
+            errors.append(type(err).__name__)
+    total = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()  # the joined rank adds 0
+    return {"last": hvd.join(), "errors": errors, "total": total}
+
+
+@pytest.mark.parametrize("first", [0, 1])
+@pytest.mark.parametrize("size", [2, 3])
+def test_joined_ranks_stay_joined_while_the_others_calls_fail_and_join_returns_the_last(
+    size: int, first: int
+) -> None:
+    results = run_group(_join_with_others_errors, size, first)
+    last = max(r for r in range(size) if r != first)  # the others join together, after
+    for rank, result in enumerate(results):
+        assert result["last"] == last
+        if rank != first:
+            assert result["errors"] == ["CollectiveArgumentError"] * 2
+            assert result["total"] == size - 1

@@ -1,12 +1,19 @@
 """Checking, before a collective moves any data, that every rank called it the same way.
 
 Each rank describes its call in one fixed-size row of integers (`Call.row`: which
-collective, op, dtype, shape, root rank, name, and whether that name is already in flight
-on this rank); the rows are allgathered over the group, one small round trip, and every
-rank compares all of them. When they disagree, every rank raises the same
-`CollectiveArgumentError`, built from the gathered rows alone, so the message is identical
-everywhere. Without the check, a mismatched call fails in the backend, hangs until the
-collective timeout, or silently mixes data.
+collective, op, dtype, shape, root rank, name, whether the call may be deferred, the named
+calls this rank deferred, and a problem with its own arguments found before the call, such
+as alltoall splits that cannot work); the rows are allgathered over the group, one small
+round trip, and every rank reads all of them (`decide`). When they disagree, or a rank's
+arguments cannot work, every rank raises the same `CollectiveArgumentError`, built from the
+gathered rows alone, so the message is identical everywhere and no rank goes on. Without
+the check, a mismatched call fails in the backend, hangs until the collective timeout, or
+silently mixes data.
+
+Horovod keys collectives by name rather than by order: a named asynchronous call may come
+while another rank is busy with something else. Such a call is deferred instead of failing
+(the rows say so on every rank), and starts when the other ranks call the same name
+(`negotiation.py` carries the decisions out).
 
 The check is on by default for direct calls and off inside `DistributedOptimizer` (whose
 calls are the same on every rank by construction). `set_collective_checks(False)` or
@@ -31,12 +38,16 @@ from elastic.worker.torch_versions import all_gather_single
 
 __all__ = [
     "Call",
+    "Decision",
     "Kind",
-    "agree",
-    "exchange",
-    "raise_disagreement",
+    "Problem",
     "check_root",
     "collective_checks",
+    "decide",
+    "exchange",
+    "name_code",
+    "problem_text",
+    "raise_disagreement",
     "set_collective_checks",
 ]
 
@@ -57,6 +68,21 @@ class Kind(enum.IntEnum):
     BARRIER = 9
     STEP = 10  # a DistributedOptimizer step: its buckets' allreduces follow
     JOINED = 11  # a rank inside hvd.join(): it takes part in the others' allreduces
+    WAIT = 12  # synchronize() of a deferred call: waits for the others to call its name
+
+
+class Problem(enum.IntEnum):
+    """What is wrong with one rank's own arguments, found before the call (Horovod refuses
+    these calls when they are made, with a `ValueError`)."""
+
+    NONE = 0
+    SCALAR = 1  # a tensor without dimensions where dimension 0 is split or gathered
+    NOT_DIVISIBLE = 2  # alltoall without splits: dimension 0 not a multiple of the ranks
+    SPLITS_LENGTH = 3  # alltoall: not one split per rank (DETAIL: how many)
+    SPLITS_TYPE = 4  # alltoall: splits not integers (DETAIL: the dtype's code)
+    SPLITS_SHAPE = 5  # alltoall: splits not one-dimensional
+    SPLITS_NEGATIVE = 6  # alltoall: a negative split
+    SPLITS_SUM = 7  # alltoall: splits sum to more than dimension 0 (DETAIL: the sum)
 
 
 # Collectives whose tensors' dimension 0 may differ between ranks.
@@ -79,14 +105,26 @@ DTYPES = (
 )
 _SHOWN_DIMS = 4  # a row holds the first four dimensions; a hash stands for the rest
 
-# The row's columns.
-(KIND, OP, DTYPE, NDIM, DIM0, DIM1, DIM2, DIM3, REST, ROOT, NAME, BUSY, TENSORS, NUMEL,
- DEVICE, JOINED, WIDTH) = range(17)  # fmt: skip
+# The row's columns. DEFER: the call may be deferred (a named asynchronous call); PEND0-2:
+# names of this rank's oldest deferred calls in the group; LOCAL, DETAIL: a `Problem`.
+(KIND, OP, DTYPE, NDIM, DIM0, DIM1, DIM2, DIM3, REST, ROOT, NAME, DEFER, TENSORS, NUMEL,
+ DEVICE, JOINED, PEND0, PEND1, PEND2, LOCAL, DETAIL, WIDTH) = range(22)  # fmt: skip
+PENDING = (PEND0, PEND1, PEND2)
 
 
 def _crc(text: str) -> int:
     """A hash that is the same in every process (Python's `hash` of a str is not)."""
     return zlib.crc32(text.encode())
+
+
+def name_code(name: str | None) -> int:
+    """A name as a row holds it: 0 for none."""
+    return 0 if name is None else 1 + _crc(name)
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """A dtype as a row holds it."""
+    return _dtype_code(dtype)
 
 
 def _dtype_code(dtype: torch.dtype) -> int:
@@ -103,9 +141,10 @@ class Call:
 
     `tensors` are the (dtype, shape) of its tensors (one, or several for a grouped call;
     dimension 0 may differ between ranks for allgather and alltoall). `op` and `root` are -1
-    where they do not apply; `root` is a job rank. `busy`: a call of the same name is in
-    flight on this rank. `cuda`: the tensors are on a GPU (a joined rank's zeros must go the
-    same way).
+    where they do not apply; `root` is a job rank. `deferrable`: a named asynchronous call,
+    which waits for the others rather than failing when they call something else. `cuda`:
+    the tensors are on a GPU (a joined rank's zeros must go the same way). `problem` and
+    `detail`: what is wrong with this rank's own arguments (`Problem`).
     """
 
     kind: Kind
@@ -113,13 +152,19 @@ class Call:
     op: int = -1
     root: int = -1
     name: str | None = None
-    busy: bool = False
+    deferrable: bool = False
     cuda: bool = False
+    problem: Problem = Problem.NONE
+    detail: int = 0
 
-    def row(self) -> list[int]:
+    def row(self, pending: Sequence[int] = ()) -> list[int]:
+        """The row; `pending`: name codes of this rank's deferred calls (three at most)."""
         row = [0] * WIDTH
-        row[KIND], row[OP], row[ROOT], row[BUSY] = self.kind, self.op, self.root, self.busy
-        row[NAME] = 0 if self.name is None else 1 + _crc(self.name)
+        row[KIND], row[OP], row[ROOT], row[DEFER] = self.kind, self.op, self.root, self.deferrable
+        row[NAME] = name_code(self.name)
+        row[LOCAL], row[DETAIL] = self.problem, self.detail
+        for column, code in zip(PENDING, pending, strict=False):
+            row[column] = code
         row[TENSORS] = len(self.tensors)
         row[NUMEL] = sum(shape.numel() for _, shape in self.tensors)
         row[DEVICE] = 1 if self.cuda else 0
@@ -157,25 +202,53 @@ def exchange(scope: Scope, row: list[int]) -> list[list[int]]:
     mine = torch.tensor(row, dtype=torch.int64)
     rows_out = torch.empty(scope.size * WIDTH, dtype=torch.int64)
     wait(all_gather_single(rows_out, mine, group=scope.group, async_op=True))
+    context.current("a collective").in_flight.exchanges += 1
     return rows_out.view(scope.size, WIDTH).tolist()
 
 
-def agree(scope: Scope, call: Call) -> list[list[int]]:
-    """Exchange `call`'s row with every member of `scope` and return all rows in their order.
+@dataclass(frozen=True)
+class Decision:
+    """What the gathered rows of one exchange call for, the same on every rank.
 
-    Raises `CollectiveArgumentError`, with the same message on every rank, when the calls do
-    not match (collective, op, dtype, shape, root, name), when a root rank is not a member,
-    when a rank already has a call of the same name in flight, or when the call cannot run
-    while a rank has joined (`join.py`); `WorkerLostError` when a peer is lost meanwhile.
+    Exactly one holds: `launch`, the name code of a deferred call that every rank now makes
+    or has deferred (all start it together, then each goes on with its own call); `problem`,
+    the message every rank raises; `defer`, the calls differ only because some are named
+    asynchronous calls (those wait, the others exchange again); or none: the call runs.
     """
-    rows = exchange(scope, call.row())
-    raise_disagreement(rows, scope.members)
-    return rows
+
+    launch: int = 0
+    problem: str | None = None
+    defer: bool = False
+
+
+_PROCEED = Decision()
+
+
+def decide(rows: list[list[int]], members: Sequence[int]) -> Decision:
+    """The `Decision` that `rows` (one per member, in order) call for: computed from the rows
+    alone, so every rank (a joined one too) decides the same."""
+    active = [row for row in rows if row[KIND] != Kind.JOINED]
+    steps = any(row[KIND] == Kind.STEP for row in active)
+    if not steps and any(row[PEND0] for row in rows):
+        for code in sorted({row[c] for row in active for c in PENDING if row[c]}):
+            if all(code in (row[PEND0], row[PEND1], row[PEND2], row[NAME]) for row in active):
+                return Decision(launch=code)
+    problem = _disagreement(rows, members)
+    if problem is None:
+        return _PROCEED
+    if (
+        not steps
+        and any(row[DEFER] for row in active)
+        and not any(row[LOCAL] for row in active)
+        and len({(row[KIND], row[NAME]) for row in active}) > 1
+    ):
+        return Decision(defer=True)
+    return Decision(problem=problem)
 
 
 def raise_disagreement(rows: list[list[int]], members: Sequence[int]) -> None:
     """Raise the `CollectiveArgumentError` that `rows` call for, if any: computed from the
-    rows alone, so every rank (a joined one too) raises the same."""
+    rows alone, so every rank raises the same."""
     problem = _disagreement(rows, members)
     if problem:
         raise CollectiveArgumentError(problem)
@@ -208,8 +281,37 @@ def _trailing_shape(row: list[int]) -> str:
     return "[*" + _shape(row)[1:] if row[NDIM] else "[] (a scalar)"
 
 
+def problem_text(call: Call, size: int) -> str:
+    """What is wrong with `call`'s own arguments, in a group of `size` ranks."""
+    return _local_problem(call.row(), size)
+
+
+def _local_problem(row: list[int], size: int) -> str:
+    """What is wrong with the arguments this row describes (`Problem`)."""
+    problem, detail, dim0 = row[LOCAL], row[DETAIL], row[DIM0]
+    if problem == Problem.SCALAR:
+        return "needs tensors with at least one dimension"
+    if problem == Problem.NOT_DIVISIBLE:
+        return (
+            f"splits not given, and dimension 0 ({dim0}) is not a multiple of the number of "
+            f"ranks ({size})"
+        )
+    if problem == Problem.SPLITS_LENGTH:
+        return f"splits has {detail} entries, not one per rank ({size})"
+    if problem == Problem.SPLITS_TYPE:
+        return f"splits must hold integers, not {_dtype_name(detail)}"
+    if problem == Problem.SPLITS_SHAPE:
+        return "splits must be one-dimensional"
+    if problem == Problem.SPLITS_NEGATIVE:
+        return "splits has a negative entry"
+    if problem == Problem.SPLITS_SUM:
+        return f"splits sum to {detail}, more than dimension 0 ({dim0})"
+    return f"invalid arguments ({problem})"
+
+
 _DIFFERENT = "the ranks called different collectives"
 _KIND_NAMES = {kind: kind.name.lower() for kind in Kind}
+_KIND_NAMES[Kind.WAIT] = "synchronize (of a call the others have not made)"
 _OP_NAMES = {-1: "none", 0: "Average", 1: "Sum", 2: "Adasum", 3: "Min", 4: "Max", 5: "Product"}
 
 
@@ -223,9 +325,15 @@ def _disagreement(all_rows: list[list[int]], members: Sequence[int]) -> str | No
     def differs(*columns: int) -> bool:
         return any([row[c] for c in columns] != [rows[0][c] for c in columns] for row in rows)
 
-    def by_rank(show) -> str:
-        return _by_rank(all_rows, show, skip=lambda r: r[KIND] == Kind.JOINED)
+    def by_rank(show, only=lambda row: True) -> str:
+        return _by_rank(all_rows, show, skip=lambda r: r[KIND] == Kind.JOINED or not only(r))
 
+    local = [row for row in rows if row[LOCAL]]
+    if local:
+        kind = local[0][KIND]
+        return f"hvd.{_KIND_NAMES.get(kind, kind)}: " + by_rank(
+            lambda r: _local_problem(r, len(all_rows)), only=lambda r: r[LOCAL] != 0
+        )
     if differs(KIND):
         return (
             "hvd collectives: "
@@ -282,15 +390,10 @@ def _disagreement(all_rows: list[list[int]], members: Sequence[int]) -> str | No
             + by_rank(lambda r: str(r[ROOT]))
             + ")"
         )
+    if kind == Kind.WAIT:
+        return "hvd.synchronize: the ranks wait for named calls that the other ranks have not made"
     if differs(NAME):
         return f"{what}: the ranks gave the call different names"
-    busy = [members[i] for i, row in enumerate(all_rows) if row[BUSY]]
-    if busy:
-        return (
-            f"{what}: a collective of the same name is already in flight on rank"
-            f"{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))}; "
-            "synchronize it first or use another name"
-        )
     return None
 
 

@@ -7,9 +7,11 @@ set's group explicitly to torch.distributed.
 
 Ordering: torch.distributed matches operations by the order in which ranks issue them. Every
 rank of a call's process set must issue the same collectives in the same order; by default
-a direct call checks this before it moves data (`agreement.py`), so a mismatch raises
-`CollectiveArgumentError` (a `RuntimeError`) with the same message on every rank instead of
-hanging. `name` takes part in that check, as in Horovod, where it keys the operation.
+a direct call checks this before it moves data (`negotiation.py`), so a mismatch, or
+arguments of one rank that cannot work, raises `CollectiveArgumentError` (a `RuntimeError`
+and a `ValueError`) with the same message on every rank instead of hanging. `name` keys the
+operation, as in Horovod: a name still in flight on a rank is refused there, and a named
+asynchronous call that the other ranks make later (after a barrier, say) waits for them.
 
 Failures: a lost peer or a broken round raises `WorkerLostError` (Horovod's
 `HorovodInternalError`); the elastic run loop restores and re-joins. A usage error is never

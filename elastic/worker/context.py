@@ -21,6 +21,7 @@ from elastic.protocol.http import SlotInfo
 from elastic.worker.client import DriverClient
 from elastic.worker.config import WorkerConfig
 from elastic.worker.control import ControlClient
+from elastic.worker.in_flight import InFlight
 from elastic.worker.membership import MembershipEvents
 from elastic.worker.progress import Progress
 from elastic.worker.reachability import PeerWatch
@@ -60,7 +61,7 @@ class WorkerContext:
     job_commit: int = 0  # the newest commit count the driver knew of when this epoch formed
     store: dist.Store | None = None  # this epoch's store (the driver's KV under its prefix)
     peers: PeerWatch | None = None  # probes the peers of a collective that stays blocked
-    in_flight: set[str] = field(default_factory=set)  # names of asynchronous calls not yet done
+    in_flight: InFlight = field(default_factory=InFlight)  # named async calls not yet done
     # groups formed in this round before this one: init() after shutdown() forms another
     formation: int = 0
 

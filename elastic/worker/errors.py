@@ -19,13 +19,17 @@ class WorkerLostError(ElasticError, RuntimeError):
     """
 
 
-class CollectiveArgumentError(ElasticError, RuntimeError):
+class CollectiveArgumentError(ElasticError, RuntimeError, ValueError):
     """The ranks called a collective with arguments that cannot work together: different
-    collectives, ops, dtypes or shapes, a root rank outside the job, a name already in flight.
+    collectives, ops, dtypes or shapes, a root rank outside the job, alltoall splits that
+    cannot work, a name already in flight.
 
-    Raised on every rank of the call, with the same message, before any data moves. It is a
-    usage error, not a lost peer: the run loop does not catch it (restoring and re-joining
-    would only fail again), so it ends the worker like any other exception of the script.
+    Raised on every rank of the call, with the same message, before any data moves (a name
+    already in flight on a rank is refused on that rank alone: the call never happens). It
+    is both a `RuntimeError` and a `ValueError`, the two types Horovod raises for these
+    mistakes (mismatches at synchronize, refused arguments at the call). It is a usage
+    error, not a lost peer: the run loop does not catch it (restoring and re-joining would
+    only fail again), so it ends the worker like any other exception of the script.
     """
 
 

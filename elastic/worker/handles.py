@@ -97,38 +97,97 @@ def complete(pending: Pending) -> Any:
 
 
 class Handle:
-    """An asynchronous collective in flight: pass it to `synchronize()` or `poll()`.
+    """An asynchronous collective in flight: pass it to `synchronize()` or `poll()`, or call it
+    (`handle()` is `synchronize(handle)`, as Horovod's `sparse_allreduce_async` handles are
+    called).
 
     It keeps the tensors of the operation alive until the operation is finished. A named
-    operation's name stays taken (see `agreement.py`) until it is synchronized.
+    operation's name stays taken (see `in_flight.py`) until it is synchronized. A *deferred*
+    operation (a named call the other ranks did not make at the same moment, see
+    `negotiation.py`) starts when they call the same name; until then `poll()` says False and
+    `synchronize()` waits for them.
     """
 
-    __slots__ = ("_works", "_finish", "_result", "_done", "_name", "_names")
+    __slots__ = (
+        "_works", "_finish", "_result", "_done", "_name", "_ctx", "_start", "_call", "_scope",
+        "_error", "_parts", "__weakref__",
+    )  # fmt: skip
 
     def __init__(
-        self, pending: Pending, name: str | None = None, names: set[str] | None = None
+        self,
+        pending: Pending | None,
+        name: str | None = None,
+        ctx: WorkerContext | None = None,
+        *,
+        start: Callable[[Any, Any], Pending] | None = None,
+        call: Any = None,
+        scope: Any = None,
+        parts: tuple[Handle, ...] = (),
     ) -> None:
-        self._works, self._finish = pending
+        """`pending`: the launched operation; or None with `start(scope, rows)` that launches
+        it later, `call` (its `agreement.Call`) and `scope`: a deferred operation. `parts`:
+        operations whose results `pending`'s post-processing waits for (it is complete when
+        they are)."""
+        self._works, self._finish = pending if pending is not None else ([], _no_result)
         self._result: Any = None
         self._done = False
-        self._name, self._names = name, names
-        if name is not None and names is not None:
-            names.add(name)
+        self._error: BaseException | None = None
+        self._name, self._ctx = name, ctx
+        self._start, self._call, self._scope = start, call, scope
+        self._parts = parts
+        if name is not None and ctx is not None:
+            ctx.in_flight.hold(name, self, deferred=pending is None)
+
+    @property
+    def deferred(self) -> bool:
+        """True while the operation waits for the other ranks to call it."""
+        return self._start is not None
+
+    def _launch(self, rows: Any) -> None:
+        """Start the deferred operation now (every rank of its scope starts it together)."""
+        start, self._start = self._start, None
+        assert start is not None
+        if self._ctx is not None:
+            self._ctx.in_flight.started(self._name, self)
+        try:
+            self._works, self._finish = start(self._scope, rows)
+        except BaseException as err:
+            self._fail(err)
+            raise
+
+    def _fail(self, err: BaseException) -> None:
+        """The operation cannot run: `synchronize()` raises `err`."""
+        self._start, self._error = None, err
+        if self._ctx is not None:
+            self._ctx.in_flight.release(self._name, self)
 
     def _is_completed(self) -> bool:
-        return self._done or all(work.is_completed() for work in self._works)
+        if self._done or self._error is not None:
+            return True
+        if self.deferred or not all(part._is_completed() for part in self._parts):
+            return False
+        return all(work.is_completed() for work in self._works)
 
     def _complete(self) -> Any:
+        if self._error is not None:
+            raise self._error
         if not self._done:
             try:
+                if self.deferred:
+                    from elastic.worker.negotiation import wait_deferred  # it imports this
+
+                    wait_deferred(self)
                 self._result = complete((self._works, self._finish))
             finally:
-                if self._name is not None and self._names is not None:
-                    self._names.discard(self._name)
+                if self._ctx is not None and not self.deferred:
+                    self._ctx.in_flight.release(self._name, self)
             self._done = True
             self._works = []
             self._finish = _no_result
         return self._result
+
+    def __call__(self) -> Any:
+        return synchronize(self)
 
 
 def _no_result() -> None:
@@ -138,7 +197,8 @@ def _no_result() -> None:
 def synchronize(handle: Handle) -> Any:
     """Wait for `handle`'s operation and return its result (the same result on later calls).
 
-    Raises `WorkerLostError` (a `RuntimeError`) if a peer died or the round broke.
+    Raises `WorkerLostError` (a `RuntimeError`) if a peer died or the round broke, and the
+    `CollectiveArgumentError` of a deferred operation the other ranks called differently.
     """
     current("hvd.synchronize")
     return handle._complete()

@@ -1,14 +1,15 @@
 """`hvd.join()`: a rank that has run out of data waits for the others while taking part in
 their allreduces with zeros, as Horovod's join does, so that ranks with uneven data finish.
 
-A joined rank answers each call's agreement row (`agreement.py`) with a JOINED row; then,
+A joined rank answers each call's description (`agreement.py`) with a JOINED row; then,
 for an allreduce (Average or Sum) it contributes zeros of the row's dtype and size, for a
 `DistributedOptimizer` step zero gradients, and it applies that step's reduced gradients
 too, so its parameters stay equal to the others'; for a barrier nothing more. Averages
-still divide by the number of ranks, joined ones included. Other collectives cannot run
-while a rank has joined: every rank raises the same `CollectiveArgumentError`. Once every
-rank has joined, `join()` returns on each the rank that joined last (the highest of those
-that joined at the same moment).
+still divide by the number of ranks, joined ones included. Other collectives (allgather,
+broadcast, alltoall, reducescatter) cannot run while a rank has joined, as in Horovod:
+the ranks that call one raise the same `CollectiveArgumentError`, and the joined ranks stay
+in `join()`. Once every rank has joined, `join()` returns on each the same rank: the one
+that joined last (the highest of those that joined at the same moment).
 
 It needs the cross-rank check (on by default): without it a joined rank cannot see what the
 others call. A lost peer meanwhile raises `WorkerLostError`, as any collective does.
@@ -28,14 +29,15 @@ from elastic.worker.agreement import (
     KIND,
     NUMEL,
     OP,
-    WIDTH,
+    Call,
     Kind,
     collective_checks,
+    decide,
     exchange,
-    raise_disagreement,
 )
 from elastic.worker.errors import CollectiveArgumentError
 from elastic.worker.handles import wait
+from elastic.worker.negotiation import launch_deferred, pending_codes
 from elastic.worker.process_sets import Scope, global_process_set, scope
 from elastic.worker.reduction import wire_dtype
 
@@ -46,21 +48,29 @@ _NEWLY, _ALREADY = 1, 2  # a joined row: first exchange since join() was called,
 
 def join(device: int = -1) -> int:
     """Wait until every rank has called `join()`, taking part in the others' allreduces and
-    optimizer steps meanwhile; return the rank that joined last. `device` is accepted for
-    Horovod compatibility (the zeros go where the others' tensors are)."""
+    optimizer steps meanwhile; return the rank that joined last (the same on every rank).
+    `device` is accepted for Horovod compatibility (the zeros go where the others' tensors
+    are). The others' calls that cannot run while a rank has joined raise on those ranks;
+    this one keeps waiting. Raises `WorkerLostError` when a peer is lost."""
     ctx = context.current("hvd.join")
     if not collective_checks():
         raise CollectiveArgumentError(
             "hvd.join needs the cross-rank check of collectives (hvd.set_collective_checks)"
         )
     where = scope(ctx, global_process_set, "hvd.join")
+    joined = Call(Kind.JOINED, [])
     state = _NEWLY
     while True:
-        row = [0] * WIDTH
-        row[KIND], row[OP], row[JOINED] = Kind.JOINED, -1, state
+        row = joined.row(pending_codes(ctx, where))
+        row[JOINED] = state
         rows = exchange(where, row)
         state = _ALREADY
-        raise_disagreement(rows, where.members)
+        decision = decide(rows, where.members)
+        if decision.launch:
+            launch_deferred(ctx, where, decision.launch)
+            continue
+        if decision.problem is not None or decision.defer:
+            continue  # the calling ranks raise (or defer); this one stays joined
         active = [r for r in rows if r[KIND] != Kind.JOINED]
         if not active:
             newly = [where.members[i] for i, r in enumerate(rows) if r[JOINED] == _NEWLY]

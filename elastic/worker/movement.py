@@ -2,10 +2,11 @@
 and the barrier, over `torch.distributed`.
 
 Any dtype moves: those a backend lacks travel as their bytes (`reduction.as_bytes`). A
-direct call first agrees with the other ranks on its arguments (`agreement.py`); a mismatch
-(dtype, shape beyond dimension 0 for allgather and alltoall, root rank, name) raises
-`CollectiveArgumentError` on every rank. A lost peer or a broken round raises
-`WorkerLostError`.
+direct call first agrees with the other ranks on its arguments (`negotiation.py`); a
+mismatch (dtype, shape beyond dimension 0 for allgather and alltoall, root rank, name), or
+arguments of one rank that cannot work (a tensor without dimensions, alltoall splits that
+do not fit), raises the same `CollectiveArgumentError` on every rank. A lost peer or a
+broken round raises `WorkerLostError`.
 
 Gradients (Horovod's definitions): allgather averages the gradient over the ranks and takes
 this rank's rows; broadcast gives the root the averaged gradient and other ranks zeros;
@@ -21,13 +22,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elastic.worker.agreement import DIM0, Kind, check_root
+from elastic.worker.agreement import DIM0, Kind, Problem, check_root, dtype_code
 from elastic.worker.context import current
-from elastic.worker.errors import CollectiveArgumentError
 from elastic.worker.handles import Handle, Pending, complete, wait
+from elastic.worker.negotiation import checked, started
 from elastic.worker.process_sets import ProcessSet, Scope, global_process_set
 from elastic.worker.reduction import Average, as_bytes
-from elastic.worker.reductions import allreduce, checked
+from elastic.worker.reductions import allreduce
 from elastic.worker.torch_versions import all_gather_single
 
 __all__ = [
@@ -90,9 +91,6 @@ def gather_rows(where: Scope, tensor: torch.Tensor, dims: list[int]) -> torch.Te
 def _dims(where: Scope, tensors: Sequence[torch.Tensor], rows: list[list[int]] | None):
     """Every rank's first dimensions of `tensors`: from the agreement's rows when it ran and
     there is one tensor, else exchanged."""
-    for t in tensors:
-        if t.dim() == 0:
-            raise CollectiveArgumentError("hvd.allgather needs tensors with at least one dimension")
     if rows is not None and len(tensors) == 1:
         return [[row[DIM0]] for row in rows]
     return _gather_ints(where, [t.shape[0] for t in tensors])
@@ -124,7 +122,9 @@ def allgather(
     Differentiable."""
     ctx = current("hvd.allgather")
     what = "hvd.allgather"
-    where, rows = checked(ctx, process_set, Kind.ALLGATHER, what, [tensor], name=name)
+    where, rows = checked(
+        ctx, process_set, Kind.ALLGATHER, what, [tensor], name=name, problem=_scalar([tensor])
+    )
     dims = [row[0] for row in _dims(where, [tensor], rows)]
     if tensor.requires_grad and torch.is_grad_enabled():
         return _AllgatherFunction.apply(tensor, where, dims, process_set)
@@ -139,10 +139,19 @@ def allgather_async(
     """Start `allgather` (the sizes are exchanged before it returns); `synchronize(handle)`
     returns the concatenated tensor."""
     ctx = current("hvd.allgather_async")
-    what = "hvd.allgather_async"
-    where, rows = checked(ctx, process_set, Kind.ALLGATHER, what, [tensor], name=name)
-    dims = [row[0] for row in _dims(where, [tensor], rows)]
-    return Handle(_start_gather(where, tensor, dims), name, ctx.in_flight)
+
+    def start(where: Scope, rows: list[list[int]] | None) -> Pending:
+        return _start_gather(where, tensor, [row[0] for row in _dims(where, [tensor], rows)])
+
+    return started(
+        ctx, process_set, Kind.ALLGATHER, "hvd.allgather_async", [tensor], start,
+        name=name, problem=_scalar([tensor]),
+    )  # fmt: skip
+
+
+def _scalar(tensors: Sequence[torch.Tensor]) -> Problem:
+    """SCALAR where a tensor has no dimension 0 to gather or split."""
+    return Problem.SCALAR if any(t.dim() == 0 for t in tensors) else Problem.NONE
 
 
 def _start_grouped_gather(where: Scope, tensors: Sequence[torch.Tensor], rows) -> Pending:
@@ -181,7 +190,9 @@ def grouped_allgather(
     ctx = current("hvd.grouped_allgather")
     what = "hvd.grouped_allgather"
     kind = Kind.GROUPED_ALLGATHER
-    where, rows = checked(ctx, process_set, kind, what, tensors, name=name)
+    where, rows = checked(
+        ctx, process_set, kind, what, tensors, name=name, problem=_scalar(tensors)
+    )
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return list(_GroupedAllgatherFunction.apply(where, process_set, *tensors))
     return complete(_start_grouped_gather(where, tensors, rows))
@@ -194,10 +205,11 @@ def grouped_allgather_async(
 ) -> Handle:
     """Start `grouped_allgather`; `synchronize(handle)` returns the list of results."""
     ctx = current("hvd.grouped_allgather_async")
-    what = "hvd.grouped_allgather_async"
-    kind = Kind.GROUPED_ALLGATHER
-    where, rows = checked(ctx, process_set, kind, what, tensors, name=name)
-    return Handle(_start_grouped_gather(where, tensors, rows), name, ctx.in_flight)
+    return started(
+        ctx, process_set, Kind.GROUPED_ALLGATHER, "hvd.grouped_allgather_async", tensors,
+        lambda where, rows: _start_grouped_gather(where, tensors, rows),
+        name=name, problem=_scalar(tensors),
+    )  # fmt: skip
 
 
 # --- broadcast ------------------------------------------------------------------------------
@@ -270,8 +282,11 @@ def broadcast_async(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Start `broadcast`; `synchronize(handle)` returns the new tensor."""
-    ctx, where = _broadcast_scope("hvd.broadcast_async", tensor, root_rank, name, process_set)
-    return Handle(_start_broadcast(where, tensor, root_rank, False), name, ctx.in_flight)
+    return started(
+        current("hvd.broadcast_async"), process_set, Kind.BROADCAST, "hvd.broadcast_async",
+        [tensor], lambda where, _: _start_broadcast(where, tensor, root_rank, False),
+        root=root_rank, name=name,
+    )  # fmt: skip
 
 
 def broadcast_(
@@ -293,42 +308,62 @@ def broadcast_async_(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Start `broadcast_`; `synchronize(handle)` returns `tensor`, overwritten in place."""
-    ctx, where = _broadcast_scope("hvd.broadcast_async_", tensor, root_rank, name, process_set)
-    return Handle(_start_broadcast(where, tensor, root_rank, True), name, ctx.in_flight)
+    return started(
+        current("hvd.broadcast_async_"), process_set, Kind.BROADCAST, "hvd.broadcast_async_",
+        [tensor], lambda where, _: _start_broadcast(where, tensor, root_rank, True),
+        root=root_rank, name=name,
+    )  # fmt: skip
 
 
 # --- alltoall -------------------------------------------------------------------------------
 
 
-def _start_alltoall(
-    where: Scope, tensor: torch.Tensor, splits: torch.Tensor | Iterable[int] | None
-) -> Pending:
-    """The splits are exchanged before this returns; the data asynchronously. The pending
-    result is `(output, received_splits)`."""
+def _alltoall_sends(
+    tensor: torch.Tensor, splits: torch.Tensor | Iterable[int] | None, size: int
+) -> tuple[list[int], Problem, int]:
+    """The rows this rank sends to each rank, as Horovod reads `splits`; or a `Problem` (and
+    its detail) with these arguments. Splits must be integers, one per rank, not negative,
+    summing to at most dimension 0 (rows after their sum are not sent); none, or an empty
+    list, divides dimension 0 equally."""
     if tensor.dim() == 0:
-        raise CollectiveArgumentError("hvd.alltoall needs a tensor with at least one dimension")
-    n, rows = where.size, tensor.shape[0]
-    if splits is None:
-        if rows % n:
-            raise CollectiveArgumentError(
-                f"hvd.alltoall without splits needs dimension 0 ({rows}) divisible by the "
-                f"number of ranks ({n})"
-            )
-        send = [rows // n] * n
-    else:
-        values = splits.tolist() if isinstance(splits, torch.Tensor) else splits
-        send = [int(s) for s in values]
-        if len(send) != n or min(send) < 0 or sum(send) != rows:
-            raise CollectiveArgumentError(
-                f"hvd.alltoall splits {send} must be {n} non-negative counts summing to {rows}"
-            )
+        return [], Problem.SCALAR, 0
+    rows = tensor.shape[0]
+    values: list[int] = []
+    if isinstance(splits, torch.Tensor):
+        if splits.dim() > 1:
+            return [], Problem.SPLITS_SHAPE, 0
+        if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dtype == torch.bool:
+            return [], Problem.SPLITS_TYPE, dtype_code(splits.dtype)
+        values = [int(v) for v in splits.tolist()]
+    elif splits is not None:
+        try:
+            values = [int(v) for v in splits]
+        except (TypeError, ValueError):
+            return [], Problem.SPLITS_TYPE, -1
+    if values:
+        if len(values) != size:
+            return [], Problem.SPLITS_LENGTH, len(values)
+        if min(values) < 0:
+            return [], Problem.SPLITS_NEGATIVE, 0
+        if sum(values) > rows:
+            return [], Problem.SPLITS_SUM, sum(values)
+        return values, Problem.NONE, 0
+    if rows % size:
+        return [], Problem.NOT_DIVISIBLE, 0
+    return [rows // size] * size, Problem.NONE, 0
+
+
+def _start_alltoall(
+    where: Scope, tensor: torch.Tensor, send: list[int], split_dtype: torch.dtype
+) -> Pending:
+    """Send `send[r]` rows to rank r. The counts are exchanged before this returns; the data
+    asynchronously. The pending result is `(output, received_splits)`."""
     meta = torch.tensor(send, dtype=torch.int64)
     peer_meta = torch.empty_like(meta)
     wait(dist.all_to_all_single(peer_meta, meta, group=where.group, async_op=True))
     recv = peer_meta.tolist()
-    split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
     received_splits = torch.tensor(recv, dtype=split_dtype)
-    source, restore = as_bytes(tensor)
+    source, restore = as_bytes(tensor.narrow(0, 0, sum(send)))
     out = source.new_empty((sum(recv), *source.shape[1:]))
     works = []
     if source.shape[1:].numel() > 0:
@@ -349,16 +384,19 @@ class _AlltoallFunction(torch.autograd.Function):
     """Differentiable alltoall: gradients travel back along the received splits."""
 
     @staticmethod
-    def forward(fctx: Any, tensor: torch.Tensor, splits: Any, where: Scope):
-        out, received = complete(_start_alltoall(where, tensor, splits))
-        fctx.received, fctx.where = received, where
+    def forward(fctx: Any, tensor: torch.Tensor, send: list[int], dtype, where: Scope):
+        out, received = complete(_start_alltoall(where, tensor, send, dtype))
+        fctx.received, fctx.where, fctx.rows = received, where, tensor.shape[0]
         fctx.mark_non_differentiable(received)
         return out, received
 
     @staticmethod
     def backward(fctx: Any, grad: torch.Tensor, _unused: Any):
-        back, _ = complete(_start_alltoall(fctx.where, grad.contiguous(), fctx.received))
-        return back, None, None
+        send = fctx.received.tolist()
+        back, _ = complete(_start_alltoall(fctx.where, grad.contiguous(), send, torch.int64))
+        if back.shape[0] < fctx.rows:  # rows after the splits' sum were not sent
+            back = torch.cat([back, back.new_zeros((fctx.rows - back.shape[0], *back.shape[1:]))])
+        return back, None, None, None
 
 
 def alltoall(
@@ -369,18 +407,35 @@ def alltoall(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Send rows of `tensor` to every rank and receive theirs, as Horovod 0.28.
 
-    `splits[i]` rows (in order, along dimension 0) go to rank i; without splits dimension 0
-    is divided equally (it must be divisible by the number of ranks). Returns the received
+    `splits[i]` rows (in order, along dimension 0) go to rank i: integers, one per rank,
+    summing to at most dimension 0 (later rows are not sent); without splits dimension 0 is
+    divided equally (it must be a multiple of the number of ranks). Returns the received
     rows in rank order, and, only when `splits` is given, also `received_splits` (rows from
-    each rank; `splits`' dtype if it is a tensor, else int32). Differentiable.
+    each rank; `splits`' dtype if it is a tensor, else int32). Differentiable. Splits that
+    cannot work on any rank raise the same `CollectiveArgumentError` (a `ValueError`, as
+    Horovod's) on every rank.
     """
     ctx = current("hvd.alltoall")
-    where, _ = checked(ctx, process_set, Kind.ALLTOALL, "hvd.alltoall", [tensor], name=name)
+    send, problem, detail = _alltoall_sends(tensor, splits, _size(process_set))
+    dtype = _received_dtype(splits)
+    where, _ = checked(
+        ctx, process_set, Kind.ALLTOALL, "hvd.alltoall", [tensor],
+        name=name, problem=problem, detail=detail,
+    )  # fmt: skip
     if tensor.requires_grad and torch.is_grad_enabled():
-        out, received = _AlltoallFunction.apply(tensor, splits, where)
+        out, received = _AlltoallFunction.apply(tensor, send, dtype, where)
     else:
-        out, received = complete(_start_alltoall(where, tensor, splits))
+        out, received = complete(_start_alltoall(where, tensor, send, dtype))
     return out if splits is None else (out, received)
+
+
+def _size(process_set: ProcessSet) -> int:
+    return len(process_set.ranks)
+
+
+def _received_dtype(splits: Any) -> torch.dtype:
+    """Horovod's: the splits' dtype when they are a tensor, else int32."""
+    return splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
 
 
 def alltoall_async(
@@ -392,8 +447,13 @@ def alltoall_async(
     """Start `alltoall` (splits are exchanged before it returns); `synchronize(handle)`
     returns `(output, received_splits)` whether or not splits were given, as Horovod."""
     ctx = current("hvd.alltoall_async")
-    where, _ = checked(ctx, process_set, Kind.ALLTOALL, "hvd.alltoall_async", [tensor], name=name)
-    return Handle(_start_alltoall(where, tensor, splits), name, ctx.in_flight)
+    send, problem, detail = _alltoall_sends(tensor, splits, _size(process_set))
+    dtype = _received_dtype(splits)
+    return started(
+        ctx, process_set, Kind.ALLTOALL, "hvd.alltoall_async", [tensor],
+        lambda where, _: _start_alltoall(where, tensor, send, dtype),
+        name=name, problem=problem, detail=detail,
+    )  # fmt: skip
 
 
 # --- objects and barrier --------------------------------------------------------------------

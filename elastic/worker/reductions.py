@@ -6,13 +6,13 @@ Semantics are Horovod's: `op` is Average (default), Sum, Min, Max or Product; th
 for integers). Every dtype Horovod supports works; those a backend cannot reduce are reduced
 in a wider type and cast back (`reduction.py`).
 
-Checks: a direct call first agrees with the other ranks on its arguments (`agreement.py`);
+Checks: a direct call first agrees with the other ranks on its arguments (`negotiation.py`);
 a mismatch raises `CollectiveArgumentError` on every rank. Failures: a lost peer or a broken
 round raises `WorkerLostError`; an in-place call that fails leaves its tensor unspecified.
 
 Gradients (Horovod's definitions): allreduce and grouped allreduce reduce the gradient with
 the same op and factors (Average and Sum only); reducescatter allgathers the gradient and
-applies the same factors (divided by the size for Average).
+multiplies it by the same factors, and by the number of ranks for Sum.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elastic.worker.agreement import Call, Kind, agree, collective_checks
+from elastic.worker.agreement import Kind, Problem
 from elastic.worker.compression import Compression, Compressor
-from elastic.worker.context import WorkerContext, current, process_wide
-from elastic.worker.errors import CollectiveArgumentError
+from elastic.worker.context import current
 from elastic.worker.handles import Handle, Pending, complete
+from elastic.worker.negotiation import checked, started
 from elastic.worker.process_sets import ProcessSet, Scope, global_process_set, scope
 from elastic.worker.reduction import (
     Average,
@@ -55,39 +55,6 @@ __all__ = [
     "reducescatter_async",
     "sparse_allreduce_async",
 ]
-
-
-def checked(
-    ctx: WorkerContext,
-    process_set: ProcessSet,
-    kind: Kind,
-    what: str,
-    tensors: Sequence[torch.Tensor],
-    *,
-    op: int = -1,
-    root: int = -1,
-    name: str | None = None,
-    check: bool = True,
-) -> tuple[Scope, list[list[int]] | None]:
-    """The call's scope, after agreeing on its arguments with the other ranks (unless the
-    check is off): the rows of every rank, or None when no check ran."""
-    where = scope(ctx, process_set, what)
-    process_wide().progress.issued(kind.name.lower())
-    busy = name is not None and name in ctx.in_flight
-    if not (check and collective_checks()):
-        if busy:
-            raise CollectiveArgumentError(f"{what}: a collective named {name!r} is in flight")
-        return where, None
-    call = Call(
-        kind=kind,
-        tensors=[(t.dtype, t.shape) for t in tensors],
-        op=op,
-        root=root,
-        name=name,
-        busy=busy,
-        cuda=any(t.is_cuda for t in tensors),
-    )
-    return where, agree(where, call)
 
 
 def _start_allreduce(
@@ -171,16 +138,25 @@ def _allreduce(
     resolved = resolve_op(op, average)
     compressed = compression.compress(tensor)
     kind = Kind.ALLREDUCE
+    if asynchronous:
+        return started(
+            ctx, process_set, kind, what, [compressed[0]],
+            lambda where, _: _start_allreduce(
+                where, tensor, inplace, resolved, prescale, postscale, compression, compressed
+            ),
+            op=resolved, name=name,
+        )  # fmt: skip
     where, _ = checked(ctx, process_set, kind, what, [compressed[0]], op=resolved, name=name)
-    if not (inplace or asynchronous) and tensor.requires_grad and torch.is_grad_enabled():
+    if not inplace and tensor.requires_grad and torch.is_grad_enabled():
         reduced = _AllreduceFunction.apply(
             compressed[0], resolved, prescale, postscale, where, process_set
         )
         return compression.decompress(reduced, compressed[1])
-    pending = _start_allreduce(
-        where, tensor, inplace, resolved, prescale, postscale, compression, compressed
+    return complete(
+        _start_allreduce(
+            where, tensor, inplace, resolved, prescale, postscale, compression, compressed
+        )
     )
-    return Handle(pending, name, ctx.in_flight) if asynchronous else complete(pending)
 
 
 def allreduce(
@@ -332,9 +308,17 @@ def _grouped_allreduce(
     ctx = current(what)
     resolved = resolve_op(op, average)
     kind = Kind.GROUPED_ALLREDUCE
+    if asynchronous:
+        return started(
+            ctx, process_set, kind, what, tensors,
+            lambda where, _: _start_grouped_allreduce(
+                where, tensors, inplace, resolved, prescale, postscale, compression
+            ),
+            op=resolved, name=name,
+        )  # fmt: skip
     where, _ = checked(ctx, process_set, kind, what, tensors, op=resolved, name=name)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    if not (inplace or asynchronous) and needs_grad:
+    if not inplace and needs_grad:
         compressed = [compression.compress(t) for t in tensors]
         reduced = _GroupedAllreduceFunction.apply(
             resolved, prescale, postscale, where, process_set, *(c for c, _ in compressed)
@@ -343,7 +327,7 @@ def _grouped_allreduce(
     pending = _start_grouped_allreduce(
         where, tensors, inplace, resolved, prescale, postscale, compression
     )
-    return Handle(pending, name, ctx.in_flight) if asynchronous else complete(pending)
+    return complete(pending)
 
 
 def grouped_allreduce(
@@ -432,8 +416,6 @@ def _start_reducescatter(
     works: list[dist.Work] = []
     outputs = []
     for tensor in tensors:
-        if tensor.dim() == 0:
-            raise CollectiveArgumentError("hvd.reducescatter needs at least one dimension")
         wire = wire_dtype(tensor.dtype)
         work = tensor.to(wire, memory_format=torch.contiguous_format, copy=True)
         scale_(work, prescale)
@@ -463,9 +445,14 @@ def _reducescatter_op(op: int | None) -> ReduceOp:
     return resolved
 
 
+def _scalar_problem(tensors: Sequence[torch.Tensor]) -> Problem:
+    """SCALAR where a tensor has no dimension 0 to split or gather."""
+    return Problem.SCALAR if any(t.dim() == 0 for t in tensors) else Problem.NONE
+
+
 class _ReducescatterFunction(torch.autograd.Function):
-    """Differentiable reducescatter: the gradient is the allgathered gradient, scaled by the
-    forward's factors (and divided by the size for Average)."""
+    """Differentiable reducescatter, as Horovod defines its gradient: the allgathered
+    gradient times the forward's factors, and times the number of ranks for Sum."""
 
     @staticmethod
     def forward(fctx: Any, op, pre, post, where: Scope, ps: ProcessSet, *tensors: torch.Tensor):
@@ -479,7 +466,7 @@ class _ReducescatterFunction(torch.autograd.Function):
 
         ctx = current("hvd.reducescatter (backward)")
         where = scope(ctx, fctx.ps, "hvd.reducescatter (backward)")
-        factor = fctx.pre * fctx.post / (where.size if fctx.op == Average else 1)
+        factor = fctx.pre * fctx.post * (where.size if fctx.op == Sum else 1)
         gathered = []
         for grad, rows in zip(grads, fctx.rows, strict=True):
             full = gather_rows(where, grad.contiguous(), _split_rows(rows, where.size))
@@ -502,7 +489,10 @@ def _reducescatter(
     ctx = current(what)
     resolved = _reducescatter_op(op)
     kind = Kind.GROUPED_REDUCESCATTER if grouped else Kind.REDUCESCATTER
-    where, _ = checked(ctx, process_set, kind, what, tensors, op=resolved, name=name)
+    problem = _scalar_problem(tensors)
+    where, _ = checked(
+        ctx, process_set, kind, what, tensors, op=resolved, name=name, problem=problem
+    )
     compressed = [compression.compress(t) for t in tensors]
     inputs = [c for c, _ in compressed]
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
@@ -560,10 +550,15 @@ def _reducescatter_async(
     ctx = current(what)
     resolved = _reducescatter_op(op)
     kind = Kind.GROUPED_REDUCESCATTER if grouped else Kind.REDUCESCATTER
-    where, _ = checked(ctx, process_set, kind, what, tensors, op=resolved, name=name)
-    works, finish = _start_reducescatter(where, tensors, resolved, prescale, postscale)
-    result = finish if grouped else (lambda: finish()[0])
-    return Handle((works, result), name, ctx.in_flight)
+
+    def start(where: Scope, _rows: object) -> Pending:
+        works, finish = _start_reducescatter(where, tensors, resolved, prescale, postscale)
+        return works, finish if grouped else (lambda: finish()[0])
+
+    return started(
+        ctx, process_set, kind, what, tensors, start,
+        op=resolved, name=name, problem=_scalar_problem(tensors),
+    )  # fmt: skip
 
 
 def reducescatter_async(
@@ -606,19 +601,26 @@ def sparse_allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Start the allreduce of a sparse COO tensor, as Horovod: indices and values are
-    allgathered (duplicates are summed when the result is coalesced); Average divides the
-    values by the size. `synchronize(handle)` returns the sparse result."""
+    allgathered (named `NAME.indices` and `NAME.values`), so the result holds every rank's
+    entries (duplicates add up when it is coalesced); Average divides the values by the
+    number of ranks. Returns a handle that is called, as Horovod's (`handle()`), or passed to
+    `synchronize()`; both return the sparse result."""
     from elastic.worker.movement import allgather_async  # movement imports this module
 
     resolved = resolve_op(op, None)
     if resolved not in (Average, Sum):
         raise NotImplementedError("sparse_allreduce_async supports only Average and Sum")
     source = tensor.coalesce() if not tensor.is_coalesced() else tensor
-    base = name or "sparse"
     indices = allgather_async(
-        source.indices().t().contiguous(), name=f"{base}.indices", process_set=process_set
+        source.indices().t().contiguous(),
+        name=None if name is None else f"{name}.indices",
+        process_set=process_set,
     )
-    values = allgather_async(source.values(), name=f"{base}.values", process_set=process_set)
+    values = allgather_async(
+        source.values(),
+        name=None if name is None else f"{name}.values",
+        process_set=process_set,
+    )
     size = len(process_set.ranks)
 
     def finish() -> torch.Tensor:
@@ -628,4 +630,4 @@ def sparse_allreduce_async(
             gathered_values = gathered_values / size
         return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, source.shape)
 
-    return Handle(([], finish))
+    return Handle(([], finish), parts=(indices, values))
