@@ -90,3 +90,60 @@ def _check(key: str, got: object, want: object, rank: int) -> None:
             torch.tensor(want, dtype=torch.float64),
             msg=lambda m: f"{key} on rank {rank}: {m}",
         )
+
+
+SEMANTICS_JOB = Path(__file__).parent / "workers" / "horovod_semantics_job.py"
+
+
+def _sparse_reference(size: int, optimizer_kind: str) -> torch.Tensor:
+    """The sparse embedding trained in one process on the ranks' averaged gradients."""
+    from tests.workers.horovod_semantics_job import STEPS, embedding, inputs
+
+    model = embedding()
+    if optimizer_kind == "sparse_adam":
+        optimizer = torch.optim.SparseAdam(list(model.parameters()), lr=0.1)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step in range(STEPS):
+        grads = []
+        for rank in range(size):
+            model.zero_grad()
+            indices, weight = inputs(rank, step)
+            (model(indices).sum() * weight).backward()
+            grads.append(model.weight.grad)
+        model.weight.grad = (sum(g.to_dense() for g in grads) / size).to_sparse(1)
+        optimizer.step()
+    return model.weight.detach()
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_horovod_scripts_with_sparse_gradients_synchronize_and_names_finish(
+    elasticrun, tmp_path: Path, np: int
+) -> None:
+    """Issue 27: a sparse embedding through DistributedOptimizer, synchronize() then step()
+    without skip_synchronize(), and Horovod's duplicate-name test, as a Horovod user's
+    script runs them under `elasticrun`: results, Horovod's warning and errors, no hang."""
+    job = elasticrun(
+        ["-np", str(np), "--collective-timeout", "60", sys.executable, str(SEMANTICS_JOB),
+         str(tmp_path)]
+    )  # fmt: skip
+    assert job.finish(240) == 0, job.output
+    got = [json.loads((tmp_path / f"rank.{r}.json").read_text()) for r in range(np)]
+    for kind in ("sparse_adam", "sgd"):
+        expected = _sparse_reference(np, kind)
+        for sparse_as_dense in (False, True):
+            for rank in range(np):
+                torch.testing.assert_close(
+                    torch.tensor(got[rank][f"{kind}:{sparse_as_dense}"]),
+                    expected,
+                    msg=lambda m, k=kind, d=sparse_as_dense, r=rank: f"{k} {d} rank {r}: {m}",
+                )
+    for rank in range(np):
+        stepped = got[rank]["synchronize_then_step"]
+        assert len(stepped["warnings"]) == 1, stepped["warnings"]
+        assert (
+            "optimizer.step() called without optimizer.skip_synchronize()"
+            in (stepped["warnings"][0])
+        )
+        assert stepped == got[0]["synchronize_then_step"]
+        assert got[rank]["duplicate_name"] == [f"rank {rank}"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from elastic.worker import context
+from elastic.worker import collectives, context
 from elastic.worker.compression import Compression
 from elastic.worker.context import NotInitializedError, current
 from elastic.worker.errors import HostsUpdatedInterrupt
@@ -309,3 +309,112 @@ def test_a_leave_agreed_in_a_round_that_ended_otherwise_stops_nobody_in_the_next
     """The new round's members did not all hear the word (joiners did not): acting on it
     there would split the ranks, some leaving the group while others wait in it."""
     assert run_group(_word_of_an_ended_round, 3, timeout=60) == [True, True, True]
+
+
+# --- issue 27: what Horovod code reads of the optimizer --------------------------------------
+
+
+def _state_without_grad() -> dict[str, Any]:
+    """Horovod's test_broadcast_state_no_grad: a parameter without gradient in a new
+    DistributedOptimizer's state."""
+
+    class ModelNoGrad(torch.nn.Module):
+        def __init__(self, a: torch.Tensor, b: torch.Tensor) -> None:
+            super().__init__()
+            self.a = torch.nn.Parameter(a.int(), requires_grad=False)
+            self.b = torch.nn.Parameter(b)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.index_select(self.b, 0, self.a.long()) * x
+
+    torch.manual_seed(current("test").rank)
+    model = ModelNoGrad(torch.tensor([1.0, 3.0]), torch.rand(4))
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9, nesterov=True
+    )
+    optimizer = DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    broadcast_parameters(model.state_dict(), root_rank=0)
+    before = model.b.detach().clone()
+    broadcast_optimizer_state(optimizer, root_rank=0)
+    grad = optimizer.param_groups[0]["params"][1].grad
+    bgrad = collectives.broadcast(grad, root_rank=0)
+    return {
+        "grad_of_a": optimizer.param_groups[0]["params"][0].grad,
+        "grad": grad,
+        "bgrad": bgrad,
+        "b_kept": torch.equal(model.b.detach(), before),
+        "momentum": optimizer.state[model.b]["momentum_buffer"],
+    }
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_broadcast_optimizer_state_gives_a_new_optimizer_horovods_state(size: int) -> None:
+    for result in run_group(_state_without_grad, size):
+        assert result["grad_of_a"] is None
+        torch.testing.assert_close(result["grad"], torch.zeros(4))
+        torch.testing.assert_close(result["bgrad"], result["grad"])
+        assert result["b_kept"]
+        assert result["momentum"].shape == (4,)
+
+
+def _parameter_names() -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    first, second = list(model[0].parameters()), list(model[1].parameters())
+    groups = [{"params": first}, {"params": second, "lr": 0.01}]
+    unnamed = DistributedOptimizer(torch.optim.SGD(groups, lr=0.1))
+    named = DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
+    return {
+        "unnamed": [unnamed._parameter_names[p] for p in [*first, *second]],
+        "named": [named._parameter_names[p] for p in model.parameters()],
+        "attributes": (named.backward_passes_per_step, int(named.op), named.sparse_as_dense),
+    }
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_distributed_optimizer_keeps_horovods_parameter_name_table(size: int) -> None:
+    for result in run_group(_parameter_names, size):
+        assert result["unnamed"] == [
+            "allreduce.noname.0.0",
+            "allreduce.noname.0.1",
+            "allreduce.noname.1.0",
+            "allreduce.noname.1.1",
+        ]
+        assert result["named"] == ["0.weight", "0.bias", "1.weight", "1.bias"]
+        assert result["attributes"] == (1, 0, False)
+
+
+def _sparse_gradient_on_some_ranks(sparse_as_dense: bool) -> dict[str, Any]:
+    """An embedding (sparse gradients) that only the even ranks use in a step, beside a
+    dense layer every rank uses."""
+    rank = current("test").rank
+    torch.manual_seed(0)
+    emb, dense = nn.Embedding(6, 2, sparse=True), nn.Linear(2, 1)
+    optimizer = DistributedOptimizer(
+        torch.optim.SGD([*emb.parameters(), *dense.parameters()], lr=1.0),
+        sparse_as_dense=sparse_as_dense,
+    )
+    loss = dense(torch.ones(1, 2)).sum()
+    if rank % 2 == 0:
+        loss = loss + emb(torch.tensor([rank, 5])).sum()
+    loss.backward()
+    optimizer.step()
+    return {"emb": emb.weight.detach().clone(), "dense": dense.weight.detach().clone()}
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+@pytest.mark.parametrize("size", [2, 3])
+def test_sparse_gradients_are_reduced_when_only_some_ranks_have_them(
+    size: int, sparse_as_dense: bool
+) -> None:
+    results = run_group(_sparse_gradient_on_some_ranks, size, sparse_as_dense)
+    torch.manual_seed(0)
+    expected = nn.Embedding(6, 2, sparse=True).weight.detach().clone()
+    for rank in range(0, size, 2):
+        expected[rank] -= 1.0 / size  # each row's gradient is ones, averaged over the ranks
+        expected[5] -= 1.0 / size
+    for result in results:
+        torch.testing.assert_close(result["emb"], expected)
+        torch.testing.assert_close(result["dense"], results[0]["dense"])

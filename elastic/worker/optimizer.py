@@ -5,7 +5,8 @@ parameter's post-accumulate-grad hook marks it ready, and a bucket of parameters
 one reused flat buffer, in reverse registration order, up to `fusion_threshold_bytes`) is
 allreduced asynchronously once all of its gradients are ready. Buckets are launched strictly in
 bucket order, so every rank issues the same collectives in the same order. `step()` waits for
-them and writes the reduced gradients back before updating the parameters.
+them and writes the reduced gradients back before updating the parameters. Sparse gradients
+are reduced as Horovod reduces them (`sparse_gradients.py`).
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import contextlib
 import functools
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from elastic.worker import collectives, context
+from elastic.worker import collectives, context, state_broadcasts
 from elastic.worker.agreement import (
     WIDTH,
     Call,
@@ -32,17 +33,24 @@ from elastic.worker.collectives import Average, ReduceOp, Sum
 from elastic.worker.compression import Compression, Compressor
 from elastic.worker.context import current
 from elastic.worker.errors import HostsUpdatedInterrupt
+from elastic.worker.process_sets import Scope
 from elastic.worker.reduction import resolve_op
+from elastic.worker.sparse_gradients import SparseGradients, SparseWord
 from elastic.worker.torch_versions import all_gather_single
 
 __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
+
+# Where `import elastic.torch` and older code find them: they live in `state_broadcasts.py`.
+broadcast_optimizer_state = state_broadcasts.broadcast_optimizer_state
+broadcast_parameters = state_broadcasts.broadcast_parameters
 
 _FUSION_THRESHOLD_BYTES = 64 * 1024 * 1024
 
 
 class _Bucket:
     """Parameters of one dtype and device whose gradients are reduced as one flat buffer; the
-    last bucket's buffer carries one more element, the leave word (`_LeaveWord`)."""
+    last bucket's buffer carries two more elements: the count of sparse gradients
+    (`SparseWord`) and, last, the leave word (`_LeaveWord`)."""
 
     __slots__ = ("params", "indices", "numels", "words", "flat", "views", "remaining", "pending")
 
@@ -50,7 +58,7 @@ class _Bucket:
         self.params = params
         self.indices = indices
         self.numels = [p.numel() for p in params]
-        self.words = 0  # elements after the gradients: 1 in the bucket launched last
+        self.words = 0  # elements after the gradients: 2 in the bucket launched last
         self.flat: torch.Tensor | None = None
         self.views: list[torch.Tensor] = []
         self.remaining = len(params)
@@ -136,16 +144,20 @@ class _GradientReducer:
         op: ReduceOp,
         gradient_predivide_factor: float,
         fusion_threshold_bytes: int,
+        sparse_as_dense: bool = False,
     ) -> None:
         self.compression = compression
         self.passes = backward_passes_per_step
         self.op = op
         self.prescale = 1.0 / gradient_predivide_factor
         self.postscale = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
         self.buckets = _make_buckets(params, fusion_threshold_bytes)
         if self.buckets:
-            self.buckets[-1].words = 1
+            self.buckets[-1].words = 2
         self.word = _LeaveWord()
+        self.sparse = SparseGradients(params, average=op == Average)
+        self.sparse_word = SparseWord()
         self.counts = [0] * len(params)
         self.next_launch = 0
         # Its optimizer's place among the process's (the same on every rank), and its step's
@@ -216,14 +228,18 @@ class _GradientReducer:
         if all(g is not None and not g.is_sparse for g in grads):
             torch._foreach_copy_(bucket.views, grads)  # one fused copy, no per-tensor ops
         else:
-            for view, g in zip(bucket.views, grads, strict=True):
+            for index, view, g in zip(bucket.indices, bucket.views, grads, strict=True):
                 if g is None:
                     view.zero_()  # a gradient this rank never computed counts as zeros
+                elif g.is_sparse and not self.sparse_as_dense:
+                    view.zero_()  # allgathered after the step's allreduces
+                    self.sparse.take(index, g)
                 else:
                     view.copy_(g.to_dense() if g.is_sparse else g)
         if self.prescale != 1.0:
             flat.mul_(self.prescale)
         if bucket.words:
+            flat[-2] = float(self.sparse.count())
             flat[-1] = 1.0 if ctx.events.leaving else 0.0
         buf, cctx = self.compression.compress(flat)
         if not buf.is_contiguous():
@@ -232,13 +248,15 @@ class _GradientReducer:
         bucket.pending = (work, buf, cctx)
 
     @torch.no_grad()
-    def synchronize(self, size: int, round_: int) -> None:
-        """Launch the buckets not yet launched, wait for all, write reduced gradients back;
-        `size` and `round_`: the current round's.
+    def synchronize(self, where: Scope, round_: int) -> None:
+        """Launch the buckets not yet launched, wait for all, write reduced gradients back
+        (then reduce the sparse ones, if a rank has any); `where`: every rank of the current
+        round, `round_`: its number.
 
         On error the pending round is abandoned (see `abandon`) and the error re-raised.
         """
         self._launch_until(lambda b: True)
+        size = where.size
         try:
             if self.step_rows is not None:
                 work, rows = self.step_rows
@@ -247,6 +265,8 @@ class _GradientReducer:
             factor = self.postscale / size if self.op == Average else self.postscale
             for bucket in self.buckets:
                 self._finish(bucket, factor, round_)
+            if self.sparse_word.take():
+                self.sparse.reduce(where)
         except BaseException:
             self.abandon()
             raise
@@ -261,6 +281,7 @@ class _GradientReducer:
         out = self.compression.decompress(buf, cctx)
         if bucket.words:
             self.word.read(out[-1:], round_)
+            self.sparse_word.read(out[-2:-1])
             out = out.narrow(0, 0, out.numel() - bucket.words)
         if bucket.flat is not None and out.data_ptr() == bucket.flat.data_ptr():
             views = bucket.views
@@ -274,7 +295,9 @@ class _GradientReducer:
             torch._foreach_copy_(grads, views)
             return
         for p, view in zip(bucket.params, views, strict=True):
-            if p.grad is None or p.grad.is_sparse:
+            if p.grad is not None and p.grad.is_sparse and self.sparse_as_dense:
+                p.grad = view.mul(factor).to_sparse(p.grad.sparse_dim())  # as the optimizer expects
+            elif p.grad is None or p.grad.is_sparse:
                 p.grad = view.mul(factor) if factor != 1.0 else view.clone()
             elif factor != 1.0:
                 torch.mul(view, factor, out=p.grad)
@@ -290,6 +313,7 @@ class _GradientReducer:
             bucket.pending = None
         self.next_launch = 0
         self.step_rows = None
+        self.sparse.reset()
 
     def abandon(self) -> None:
         """Forget the current round after a failure; the next backward starts a new one.
@@ -323,7 +347,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         retried after the job re-forms.
         """
         ctx = current("DistributedOptimizer.synchronize")
-        self._reducer.synchronize(ctx.size, ctx.epoch)
+        where = Scope(group=ctx.group, members=tuple(range(ctx.size)), rank=ctx.rank)
+        self._reducer.synchronize(where, ctx.epoch)
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -379,6 +404,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         super().step()
 
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Horovod's: reduce gradients every `passes` backward passes from now on. Raises
+        `ValueError` for fewer than 1, `RuntimeError` while gradients are being reduced."""
+        if passes < 1:
+            raise ValueError("backward_passes_per_step must be at least 1")
+        if self._reducer.in_flight():
+            raise RuntimeError(
+                "set_backward_passes_per_step() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize()"
+            )
+        self._reducer.passes = self.backward_passes_per_step = passes
+
+    def wrapped_step(self, closure: Callable[[], float] | None = None) -> Any:
+        """The wrapped optimizer's own step: no reduction over the ranks, nothing counted
+        (`broadcast_optimizer_state` initializes a new optimizer's state with it)."""
+        return super().step(closure)
+
     # The wrapped class's step already runs torch's step hooks; keep torch from wrapping ours.
     step.hooked = True  # type: ignore[attr-defined]
 
@@ -399,13 +441,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
 
 
-def _check_named_parameters(
+def _parameter_names(
     optimizer: torch.optim.Optimizer,
     named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
-) -> None:
+) -> dict[torch.Tensor, str]:
+    """Horovod's `_parameter_names`: each parameter of `optimizer` -> its name, from
+    `named_parameters` (checked) or, without them, `allreduce.noname.<group>.<index>`."""
     if named_parameters is None:
-        return
-    named = list(named_parameters)
+        named = [
+            (f"allreduce.noname.{i}.{j}", p)
+            for i, group in enumerate(optimizer.param_groups)
+            for j, p in enumerate(group["params"])
+        ]
+    else:
+        named = list(named_parameters)
+        _check_named_parameters(optimizer, named)
+    return {p: name for name, p in sorted(named, key=lambda item: item[0])}
+
+
+def _check_named_parameters(
+    optimizer: torch.optim.Optimizer, named: list[tuple[str, torch.Tensor]]
+) -> None:
     if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
         raise ValueError(
             "named_parameters should be a sequence of (name, parameter) tuples, usually "
@@ -450,9 +506,12 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     invalid arguments, `NotImplementedError` for `op=Adasum` (use Average); errors of the
     collectives are raised by `step()` / `synchronize()`.
 
-    Horovod's `num_groups` and `groups` (how allreduces are grouped) are accepted and left
-    to the fusion buckets; `sparse_as_dense` is how sparse gradients are always reduced
-    here. `process_set` must be the global set (`NotImplementedError` otherwise).
+    Sparse gradients are allgathered and stay sparse, as Horovod's; with `sparse_as_dense`
+    they are reduced densely and made sparse again (`sparse_gradients.py`). Horovod's
+    `num_groups` and `groups` (how allreduces are grouped) are accepted and left to the
+    fusion buckets. `process_set` must be the global set (`NotImplementedError` otherwise).
+    As Horovod's, the result has `_parameter_names` (parameter -> name), and
+    `backward_passes_per_step`, `op`, `gradient_predivide_factor` and `sparse_as_dense`.
     """
     current("hvd.DistributedOptimizer")
     if isinstance(optimizer, _DistributedOptimizer):
@@ -464,7 +523,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         raise ValueError("DistributedOptimizer supports op=Average and op=Sum")
     if gradient_predivide_factor != 1.0 and reduce_op != Average:
         raise ValueError("gradient_predivide_factor needs op=Average")
-    _check_named_parameters(optimizer, named_parameters)
+    names = _parameter_names(optimizer, named_parameters)
     if process_set is not None and process_set.process_set_id != 0:
         raise NotImplementedError(
             "DistributedOptimizer reduces over every rank: limit the model's other "
@@ -483,110 +542,16 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         reduce_op,
         gradient_predivide_factor,
         fusion_threshold_bytes,
+        sparse_as_dense,
     )
     wrapped._should_synchronize = True
     wrapped._synchronized = False
+    wrapped._parameter_names = names
+    wrapped.backward_passes_per_step = backward_passes_per_step
+    wrapped.op = reduce_op
+    wrapped.gradient_predivide_factor = gradient_predivide_factor
+    wrapped.sparse_as_dense = sparse_as_dense
     registry = context.process_wide().optimizers
     wrapped._reducer.index = len(registry)
     registry.append(weakref.ref(wrapped))
     return wrapped
-
-
-# --- making ranks equal ---------------------------------------------------------------------
-
-
-def _named_tensors(
-    params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor] | torch.Tensor],
-) -> list[torch.Tensor]:
-    """The tensors in name order (in given order when some are unnamed)."""
-    if isinstance(params, Mapping):
-        items = list(params.items())
-    else:
-        items = [item if isinstance(item, tuple) else (None, item) for item in params]
-    if all(name is not None for name, _ in items):
-        items.sort(key=lambda item: item[0])
-    for name, value in items:
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"broadcast_parameters: {name!r} is a {type(value).__name__}")
-    return [value for _, value in items]
-
-
-def _fusion_chunks(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
-    """Split `tensors` by (device, dtype), keeping order, into chunks of at most `limit` bytes."""
-    by_key: dict[tuple[torch.device, torch.dtype], list[list[torch.Tensor]]] = {}
-    sizes: dict[tuple[torch.device, torch.dtype], int] = {}
-    for t in tensors:
-        key = (t.device, t.dtype)
-        nbytes = t.numel() * t.element_size()
-        chunks = by_key.setdefault(key, [[]])
-        if chunks[-1] and sizes[key] + nbytes > limit:
-            chunks.append([])
-            sizes[key] = 0
-        chunks[-1].append(t)
-        sizes[key] = sizes.get(key, 0) + nbytes
-    return [chunk for chunks in by_key.values() for chunk in chunks]
-
-
-def broadcast_parameters(
-    params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor] | torch.Tensor],
-    root_rank: int,
-) -> None:
-    """Overwrite `params` in place with `root_rank`'s values.
-
-    `params` is a state_dict or an iterable of (name, tensor) such as
-    `model.named_parameters()` (or of bare tensors, kept in their order); named tensors go in
-    sorted-name order, fused per dtype and device. Every rank must pass the same names, shapes
-    and dtypes. Raises `ValueError` for a root outside the job, `RuntimeError` if a peer dies
-    (the tensors are then partly updated).
-    """
-    ctx = current("hvd.broadcast_parameters")
-    if not 0 <= root_rank < ctx.size:
-        raise ValueError(f"root_rank {root_rank} is not a rank of this job (size {ctx.size})")
-    is_root = ctx.rank == root_rank
-    pending = []
-    with torch.no_grad():
-        for chunk in _fusion_chunks(_named_tensors(params), _FUSION_THRESHOLD_BYTES):
-            numels = [t.numel() for t in chunk]
-            if sum(numels) == 0:
-                continue
-            if len(chunk) == 1 and chunk[0].is_contiguous():
-                flat = chunk[0]
-            elif is_root:
-                flat = torch.cat([t.reshape(-1) for t in chunk])
-            else:
-                flat = torch.empty(sum(numels), dtype=chunk[0].dtype, device=chunk[0].device)
-            work = dist.broadcast(flat, group=ctx.group, group_src=root_rank, async_op=True)
-            pending.append((work, flat, chunk, numels))
-        for work, flat, chunk, numels in pending:
-            collectives._wait(work)
-            if not is_root and flat is not chunk[0]:
-                for t, piece in zip(chunk, flat.split(numels), strict=True):
-                    t.copy_(piece.view(t.shape))
-
-
-def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_to_cpu(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_to_cpu(v) for v in value)
-    return value
-
-
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
-    """Make every rank's `optimizer` state and hyper-parameters equal to `root_rank`'s.
-
-    Non-root ranks `load_state_dict` the root's state_dict, so state tensors move to their
-    parameter's device. Every rank's optimizer must have the same parameter groups (else
-    `ValueError` from `load_state_dict` on the non-root ranks). Raises `RuntimeError` if a
-    peer dies.
-    """
-    ctx = current("hvd.broadcast_optimizer_state")
-    is_root = ctx.rank == root_rank
-    state = _to_cpu(optimizer.state_dict()) if is_root else None
-    state = collectives.broadcast_object(state, root_rank)
-    if not is_root:
-        optimizer.load_state_dict(state)

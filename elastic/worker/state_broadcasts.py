@@ -1,0 +1,141 @@
+"""`broadcast_parameters` and `broadcast_optimizer_state`: every rank starts from the root's
+model and optimizer state, as Horovod's functions of the same names make it.
+
+Both are collectives of every rank of the round: each rank must call them with the same
+parameters (names, shapes, dtypes) and optimizer structure. A lost peer raises
+`WorkerLostError` (a `RuntimeError`); the tensors are then partly updated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from elastic.worker import collectives
+from elastic.worker.context import current
+
+__all__ = ["broadcast_optimizer_state", "broadcast_parameters"]
+
+_FUSION_THRESHOLD_BYTES = 64 * 1024 * 1024
+
+
+def _named_tensors(
+    params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor] | torch.Tensor],
+) -> list[torch.Tensor]:
+    """The tensors in name order (in given order when some are unnamed)."""
+    if isinstance(params, Mapping):
+        items = list(params.items())
+    else:
+        items = [item if isinstance(item, tuple) else (None, item) for item in params]
+    if all(name is not None for name, _ in items):
+        items.sort(key=lambda item: item[0])
+    for name, value in items:
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"broadcast_parameters: {name!r} is a {type(value).__name__}")
+    return [value for _, value in items]
+
+
+def _fusion_chunks(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
+    """Split `tensors` by (device, dtype), keeping order, into chunks of at most `limit` bytes."""
+    by_key: dict[tuple[torch.device, torch.dtype], list[list[torch.Tensor]]] = {}
+    sizes: dict[tuple[torch.device, torch.dtype], int] = {}
+    for t in tensors:
+        key = (t.device, t.dtype)
+        nbytes = t.numel() * t.element_size()
+        chunks = by_key.setdefault(key, [[]])
+        if chunks[-1] and sizes[key] + nbytes > limit:
+            chunks.append([])
+            sizes[key] = 0
+        chunks[-1].append(t)
+        sizes[key] = sizes.get(key, 0) + nbytes
+    return [chunk for chunks in by_key.values() for chunk in chunks]
+
+
+def broadcast_parameters(
+    params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor] | torch.Tensor],
+    root_rank: int,
+) -> None:
+    """Overwrite `params` in place with `root_rank`'s values.
+
+    `params` is a state_dict or an iterable of (name, tensor) such as
+    `model.named_parameters()` (or of bare tensors, kept in their order); named tensors go in
+    sorted-name order, fused per dtype and device. Every rank must pass the same names, shapes
+    and dtypes. Raises `ValueError` for a root outside the job, `RuntimeError` if a peer dies
+    (the tensors are then partly updated).
+    """
+    ctx = current("hvd.broadcast_parameters")
+    if not 0 <= root_rank < ctx.size:
+        raise ValueError(f"root_rank {root_rank} is not a rank of this job (size {ctx.size})")
+    is_root = ctx.rank == root_rank
+    pending = []
+    with torch.no_grad():
+        for chunk in _fusion_chunks(_named_tensors(params), _FUSION_THRESHOLD_BYTES):
+            numels = [t.numel() for t in chunk]
+            if sum(numels) == 0:
+                continue
+            if len(chunk) == 1 and chunk[0].is_contiguous():
+                flat = chunk[0]
+            elif is_root:
+                flat = torch.cat([t.reshape(-1) for t in chunk])
+            else:
+                flat = torch.empty(sum(numels), dtype=chunk[0].dtype, device=chunk[0].device)
+            work = dist.broadcast(flat, group=ctx.group, group_src=root_rank, async_op=True)
+            pending.append((work, flat, chunk, numels))
+        for work, flat, chunk, numels in pending:
+            collectives._wait(work)
+            if not is_root and flat is not chunk[0]:
+                for t, piece in zip(chunk, flat.split(numels), strict=True):
+                    t.copy_(piece.view(t.shape))
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_to_cpu(v) for v in value)
+    return value
+
+
+def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give an optimizer without state its state, as Horovod does before broadcasting it:
+    every parameter that requires a gradient gets a zero gradient (sparse for `SparseAdam`)
+    and the wrapped optimizer takes one step (never a `DistributedOptimizer` step, which
+    would reduce over the ranks). Unlike Horovod, the parameters keep their values: a zero
+    step with weight decay would move them on this rank only."""
+    if optimizer.state:
+        return
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    with torch.no_grad():
+        kept = [p.detach().clone() for p in params]
+        for p in params:
+            grad = torch.zeros_like(p)
+            p.grad = grad.to_sparse() if isinstance(optimizer, torch.optim.SparseAdam) else grad
+    getattr(optimizer, "wrapped_step", optimizer.step)()
+    with torch.no_grad():
+        for p, value in zip(params, kept, strict=True):
+            p.copy_(value)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+    """Make every rank's `optimizer` state and hyper-parameters equal to `root_rank`'s.
+
+    As Horovod's, an optimizer without state first gets it (`_initialize_state`: every
+    parameter that requires a gradient is left with a zero gradient). Non-root ranks then
+    `load_state_dict` the root's state_dict, so state tensors move to their parameter's
+    device. Every rank's optimizer must have the same parameter groups (else `ValueError`
+    from `load_state_dict` on the non-root ranks). Raises `RuntimeError` if a peer dies.
+    """
+    ctx = current("hvd.broadcast_optimizer_state")
+    _initialize_state(optimizer)
+    is_root = ctx.rank == root_rank
+    state = _to_cpu(optimizer.state_dict()) if is_root else None
+    state = collectives.broadcast_object(state, root_rank)
+    if not is_root:
+        optimizer.load_state_dict(state)
