@@ -3,10 +3,11 @@ next completed re-rendezvous; against the same worker death with the driver aliv
 
     python -m bench.driver_restart --trials 5
 
-Real processes: `elasticrun -np 2 --min-np 1 -H localhost:2 --blacklist-cooldown-range 300 300
-python bench/workloads/tiny_elastic.py --commit-every 1 ...` (a small MLP, `hvd.elastic.run`,
-a `TorchState` committed every step, one `step S size N rank R pid P t T` line a step). Three
-variants, interleaved per trial (in a rotating order) so that machine noise hits them alike:
+Real processes: `elasticrun -np 2 --min-np 1 -H localhost:2 --failure-scope worker
+--blacklist-cooldown-range 300 300 python bench/workloads/tiny_elastic.py --commit-every 1
+...` (a small MLP, `hvd.elastic.run`, a `TorchState` committed every step, one `step S size N
+rank R pid P t T` line a step). Three variants, interleaved per trial (in a rotating order)
+so that machine noise hits them alike:
 
 * `etcd_restart`: `--backend etcd --etcd-endpoints ... --job-id <fresh>` on a real etcd
   (`tests/etcd_server.py`, loopback). Once it trains at size 2, SIGKILL the driver and the
@@ -136,7 +137,7 @@ def elasticrun_cmd(variant: str, folder: Path, etcd: str, job_id: str) -> list[s
     return [
         *([exe] if exe else [sys.executable, "-m", "elastic.driver.cli"]),
         *backend,
-        "-np", "2", "--min-np", "1", "-H", "localhost:2",
+        "-np", "2", "--min-np", "1", "-H", "localhost:2", "--failure-scope", "worker",
         "--blacklist-cooldown-range", "300", "300",
         sys.executable, str(ELASTIC_WORKLOAD),
         "--out", str(folder), "--commit-every", "1", "--max-seconds", str(WORKER_MAX_SECONDS),

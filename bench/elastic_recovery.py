@@ -6,7 +6,8 @@ Every trial runs the same scenario once per system, the systems interleaved per 
 rotating order) so that machine noise hits them alike:
 
 1. launch 2 workers on two local host names: elasticrun with a discovery file listing
-   `localhost:1` and `127.0.0.1:1` (`--min-np 1 --max-np 3 --discovery-interval 0.2`);
+   `localhost:1` and `127.0.0.1:1` (`--min-np 1 --max-np 3 --discovery-interval 0.2
+   --failure-scope worker`: the third worker may share its host with the victim);
    torchrun as one agent per simulated node, 2 agents with `--nnodes=1:3 --nproc-per-node=1`
    and a c10d rendezvous on loopback (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`: without it,
    torch 2.13's agents re-read stale rendezvous keys after a restart and a new node cannot
@@ -377,7 +378,7 @@ class System:
             *([exe] if exe else [sys.executable, "-m", "elastic.driver.cli"]),
             "-np", "2", "--min-np", "1", "--max-np", "3",
             "--host-discovery-script", str(HOSTS_FILE_SCRIPT),
-            "--discovery-interval", "0.2",
+            "--discovery-interval", "0.2", "--failure-scope", "worker",
             sys.executable, str(ELASTIC_WORKLOAD), *worker_args(folder),
         ]  # fmt: skip
 

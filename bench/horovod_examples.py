@@ -11,7 +11,8 @@ workers on `localhost` and `127.0.0.1`, which both launch locally):
 
 * `pytorch_synthetic_benchmark.py` (static): `-np N -H localhost:N`, N = 2 and 3;
 * `pytorch_synthetic_benchmark_elastic.py` (elastic): `-np N --min-np 1 --max-np N+1
-  --host-discovery-script discovery_scripts/hosts_file.sh` on a hosts file that starts as
+  --failure-scope worker --host-discovery-script discovery_scripts/hosts_file.sh` (the killed
+  worker's host-mates go on) on a hosts file that starts as
   `localhost:N`; once rank 0 prints its first `Iter` line the bench adds `127.0.0.1:1`, once
   the driver logs a round of N+1 workers and training goes on it SIGKILLs the worker that was
   launched as rank 1 on localhost (found in /proc by its command line, which names this run's
@@ -320,6 +321,7 @@ def run_one(
         flags = [
             "-np", str(plan.np), "--min-np", "1", "--max-np", str(plan.np + 1),
             "--host-discovery-script", str(HOSTS_FILE_SCRIPT), "--discovery-interval", "0.5",
+            "--failure-scope", "worker",  # the killed worker's host-mates go on
         ]  # fmt: skip
     command = [*launcher, *flags, python, str(plan.example.copy), *plan.example_args]
     progress(f"{plan.name}: {' '.join(command)}")

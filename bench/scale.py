@@ -11,7 +11,8 @@ stream, heartbeats, joins, no torch) live in `--client-processes` other processe
 This process only routes: each launch the driver makes starts a simulated worker in one of
 the client processes (round robin), and a death is ordered from here.
 
-The job is elastic, `-np N --min-np 1 --max-np N`, on N/8 hosts of 8 slots (`--slots-per-host`;
+The job is elastic, `-np N --min-np 1 --max-np N --failure-scope worker` (a death takes no
+host-mate with it), on N/8 hosts of 8 slots (`--slots-per-host`;
 0: one host `localhost:N`) named 127.1.x.y: loopback addresses that are no interface's, so the
 driver treats them as remote hosts reached through ssh (the fake launcher) whose workers'
 output comes through pipes, as a real 10,000-worker job's would. The heartbeat interval is
@@ -923,7 +924,7 @@ def main() -> None:
         **environment(),
         "open_files_limit": {"before": list(limits), "raised_to": limits[1]},
         "job": {
-            "flags": "-np N --min-np 1 --max-np N (elastic, fixed hosts)",
+            "flags": "-np N --min-np 1 --max-np N --failure-scope worker (elastic, fixed hosts)",
             "hosts": (
                 f"N / {args.slots_per_host} hosts of {args.slots_per_host} slots, remote to "
                 "the driver (127.1.x.y)"

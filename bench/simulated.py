@@ -727,6 +727,7 @@ def make_job(
     start_timeout: float = 120.0,
     detached: bool = True,
     cooldown: tuple[float, float] | None = None,
+    failure_scope: str = "worker",
 ) -> Any:
     """The real driver (`Job`) of an elastic job on `hosts` (`HostSpec`s) with every slot
     filled (`-np N --min-np 1 --max-np N`), state in `backend_name` (memory or etcd), every
@@ -734,14 +735,16 @@ def make_job(
 
     `detached`: with etcd, local workers are detached and their output followed from files;
     remote ones (any name that is no address of this machine) always send it through pipes.
-    `cooldown`: the failed hosts' cooldown range in seconds (default elasticrun's)."""
+    `cooldown`: the failed hosts' cooldown range in seconds (default elasticrun's).
+    `failure_scope`: --failure-scope; "worker" by default, as the benchmarks kill single
+    workers among their host-mates and measure that."""
     import uuid
 
     from elastic.driver.job import Job
     from elastic.driver.journal.etcd import EtcdBackend
     from elastic.driver.journal.memory import MemoryBackend
     from elastic.driver.launch.host_access import HostAccess
-    from elastic.driver.settings import BackendSettings, ElasticSettings, Settings
+    from elastic.driver.settings import BackendSettings, ElasticSettings, FailureScope, Settings
     from elastic.protocol.etcd import EtcdOptions, parse_endpoints
 
     job_id = f"bench-{uuid.uuid4().hex[:10]}"
@@ -760,6 +763,7 @@ def make_job(
         min_np=1,
         max_np=n,
         discovery_script=None,
+        failure_scope=FailureScope(failure_scope),
         **({"cooldown_range": cooldown} if cooldown is not None else {}),
     )
     settings = Settings(

@@ -7,7 +7,8 @@
 (with `ELASTIC_HOSTS_FILE` naming a file of `host:slots` lines that you edit while it runs).
 Kill a worker, add a host or remove one: the others keep training in the same processes,
 roll back to their last commit only when a worker died, and the sampler makes sure every
-sample of an epoch is trained on exactly once.
+sample of an epoch is trained on exactly once. A killed worker's host leaves with it, as in
+horovodrun; with `--failure-scope worker` its host's other workers keep training.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ training script) and throws a seeded random sequence of faults at it: workers SI
 SIGSTOPped (resumed later, or left for the driver to declare dead), SIGTERMed; a host taken
 out of the discovery file and put back; the driver SIGKILLed and started again with the same
 command; etcd SIGKILLed and started again on the same ports and data dir; and faults aimed at
-the only worker left holding the training state. About a third of the faults land within
+the only worker left holding the training state (a failed worker takes only itself out:
+`--failure-scope worker`, `SoakConfig.failure_scope`). About a third of the faults land within
 0-300 ms of the previous one, during its recovery. The seed fixes the plan (kinds, gaps,
 victims by position), not the machine's timing, so a seed replays the same plan.
 
@@ -266,6 +267,9 @@ class SoakConfig:
     slots: int = 2
     job_id: str = "soak"
     weights: dict[str, int] = field(default_factory=lambda: dict(WEIGHTS))  # kind -> weight
+    # The faults hit one worker each (a host's are hit by `host_remove`): a failed worker
+    # leaves its host-mate training, as --failure-scope worker says.
+    failure_scope: str = "worker"
     launcher_args: tuple[str, ...] = ()  # more `elasticrun` flags (ssh options)
 
 
@@ -305,6 +309,7 @@ class Soak:
             "--min-np", "1", "--max-np", str(len(c.hosts) * c.slots),
             "--host-discovery-script", str(HOSTS_FILE_SCRIPT), "--discovery-interval", "0.2",
             "--heartbeat-interval", "0.5", "--blacklist-cooldown-range", "0.5", "2",
+            "--failure-scope", c.failure_scope,
             "--elastic-timeout", "60", "--etcd-grace", "5", "--stop-grace", "2",
             # a hung joiner (the only one that could take a leaver's state) is timed out, and a
             # new one started, within the stall limit; yet four workers importing torch at once

@@ -20,6 +20,7 @@ from tests.conftest import RunningJob, pids_alive, processes_naming
 from tests.etcd_server import EtcdServer
 from tests.test_driver_restart import durable_args, kill_driver
 from tests.test_elastic import (
+    ONE_WORKER_FAILS,
     assert_exactly_once,
     discovery_args,
     job_args,
@@ -193,7 +194,8 @@ def test_sigterm_while_waiting_for_the_next_epoch_lets_the_worker_leave(
     """The survivor waits at the rendezvous (one worker, --min-np 2): no epoch, no context."""
     job = elasticrun(
         ["-np", "2", "--min-np", "2", "-H", "localhost:2", "--elastic-timeout", "15",
-         "--blacklist-cooldown-range", "300", "300", *job_args(tmp_path, epochs=3)]
+         *ONE_WORKER_FAILS, "--blacklist-cooldown-range", "300", "300",
+         *job_args(tmp_path, epochs=3)]
     )  # fmt: skip
     pids = ranks_to_pids(job, 2)
     job.wait_for(r"step 6 ")
@@ -220,7 +222,7 @@ def test_sigterm_during_a_re_form_lets_the_worker_leave(
     elasticrun, tmp_path: Path, delay: float
 ) -> None:
     job = elasticrun(
-        ["-np", "3", "--min-np", "1", "-H", "localhost:3",
+        ["-np", "3", "--min-np", "1", "-H", "localhost:3", *ONE_WORKER_FAILS,
          "--blacklist-cooldown-range", "300", "300", *job_args(tmp_path, epochs=3)]
     )  # fmt: skip
     pids = ranks_to_pids(job, 3)
@@ -333,7 +335,7 @@ def test_a_hung_joiner_does_not_get_a_healthy_one_killed(elasticrun, tmp_path: P
     write_hosts(hosts, "localhost:1\n")
     go = tmp_path / "go"
     job = elasticrun(
-        ["--min-np", "1", "--start-timeout", "10", *discovery_args(),
+        ["--min-np", "1", "--start-timeout", "10", *ONE_WORKER_FAILS, *discovery_args(),
          *job_args(tmp_path, "--hold-at-step", "10", "--hold-file", str(go), epochs=3)],
         env={"ELASTIC_HOSTS_FILE": str(hosts)},
     )  # fmt: skip
@@ -394,7 +396,8 @@ def test_a_worker_that_dies_while_the_driver_is_down_breaks_its_epoch_for_every_
     message must wait for its stream to open (seed 8 of the soak stalled here)."""
     args = durable_args(
         etcd, "death-while-down", "-np", "4", "--min-np", "1", "-H", "localhost:4",
-        "--heartbeat-interval", "0.5", *job_args(tmp_path, "--step-delay", "0.01", epochs=4),
+        "--heartbeat-interval", "0.5", *ONE_WORKER_FAILS,
+        *job_args(tmp_path, "--step-delay", "0.01", epochs=4),
     )  # fmt: skip
     env = {"TMPDIR": str(tmp_path)}
     job = elasticrun(args, env=env)

@@ -21,7 +21,7 @@ from elastic.driver.job_file import runtime_dir
 from elastic.protocol.http import JobStatus
 from tests.conftest import ELASTICRUN, RunningJob, pids_alive
 from tests.etcd_server import EtcdServer, JobLock
-from tests.test_elastic import assert_exactly_once, job_args, ranks_to_pids
+from tests.test_elastic import ONE_WORKER_FAILS, assert_exactly_once, job_args, ranks_to_pids
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -114,7 +114,7 @@ def kill_a_worker_while_the_driver_is_away(
     env = {"TMPDIR": str(tmp_path)}
     args = durable_args(
         etcd, job_id, "-np", "2", "--min-np", "1", "-H", f"{host}:2", *reach,
-        "--blacklist-cooldown-range", "300", "300",
+        *ONE_WORKER_FAILS, "--blacklist-cooldown-range", "300", "300",
         *job_args(tmp_path, "--step-delay", "0.1", epochs=3),
     )  # fmt: skip
     first = elasticrun(args, env)
@@ -250,7 +250,7 @@ def test_an_etcd_crash_mid_training_loses_nothing(
     env = {"TMPDIR": str(tmp_path)}
     hold = tmp_path / "go"
     args = durable_args(
-        etcd, "outage", "-np", "2", "--min-np", "1", "-H", "localhost:2",
+        etcd, "outage", "-np", "2", "--min-np", "1", "-H", "localhost:2", *ONE_WORKER_FAILS,
         "--blacklist-cooldown-range", "300", "300", "--etcd-grace", "1",
         *job_args(tmp_path, "--step-delay", "0.05", "--hold-at-step", "30",
                   "--hold-file", str(hold), epochs=3),

@@ -46,7 +46,7 @@ from elastic.worker.locator import DriverLocator
 from tests.conftest import ELASTICRUN, RunningJob, pids_alive
 from tests.etcd_server import EtcdServer, EtcdTls
 from tests.prerequisites import Machine, missing_etcd
-from tests.test_elastic import assert_exactly_once, job_args, ranks_to_pids
+from tests.test_elastic import ONE_WORKER_FAILS, assert_exactly_once, job_args, ranks_to_pids
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -485,9 +485,10 @@ def test_a_job_on_etcd_with_tls_and_users_survives_a_driver_restart(
     password_file.chmod(0o600)
     reach = [*etcd.flags(), "--etcd-user", USER, "--etcd-password-file", str(password_file)]
     args = [
-        "-np", "2", "--min-np", "1", "-H", "localhost:2", "--blacklist-cooldown-range", "300",
-        "300", *job_args(tmp_path, "--step-delay", "0.1", "--hold-at-step", "40",
-                         "--hold-file", str(hold), epochs=3),
+        "-np", "2", "--min-np", "1", "-H", "localhost:2", *ONE_WORKER_FAILS,
+        "--blacklist-cooldown-range", "300", "300",
+        *job_args(tmp_path, "--step-delay", "0.1", "--hold-at-step", "40",
+                  "--hold-file", str(hold), epochs=3),
     ]  # fmt: skip
     first = durable_job(elasticrun, reach, "secured", tmp_path, runtime, *args)
     pids = ranks_to_pids(first, 2)

@@ -40,7 +40,8 @@ def test_example_trains_and_rank0_reports_a_falling_loss(
 def test_elastic_example_survives_a_killed_worker(elasticrun) -> None:
     script = EXAMPLES / "elastic_train.py"
     job = elasticrun(
-        ["-np", "2", "--min-np", "1", "-H", "localhost:2", "--blacklist-cooldown-range", "60", "60",
+        ["-np", "2", "--min-np", "1", "-H", "localhost:2", "--failure-scope", "worker",
+         "--blacklist-cooldown-range", "60", "60",
          sys.executable, str(script), "--epochs", "4", "--samples", "2048"]
     )  # fmt: skip
     job.wait_for(r"\[0\]<stdout>:epoch 1/4", timeout=120)

@@ -80,8 +80,9 @@ def test_a_process_set_is_formed_again_after_a_worker_dies(elasticrun, tmp_path:
     script = tmp_path / "pair.py"
     script.write_text(PROCESS_SET_SCRIPT)
     job = elasticrun(
-        ["-np", "3", "--min-np", "2", "-H", "localhost:3", sys.executable, str(script)]
-    )
+        ["-np", "3", "--min-np", "2", "-H", "localhost:3", "--failure-scope", "worker",
+         sys.executable, str(script)]
+    )  # fmt: skip
     victim = int(job.wait_for(r"worker pid=(\d+) rank=1", 120).group(1))
     job.wait_for(r"step 5 size 3 rank 0 pair 2 world 3", 60)
     os.kill(victim, signal.SIGKILL)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RunningJob
-from tests.test_elastic import discovery_args, write_hosts
+from tests.test_elastic import ONE_WORKER_FAILS, discovery_args, write_hosts
 
 JOB = Path(__file__).parent / "workers" / "env_job.py"
 NAMES = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")
@@ -89,8 +89,8 @@ def test_survivors_find_their_new_ranks_in_the_environment_after_a_worker_dies(
     elasticrun, tmp_path: Path
 ) -> None:
     job = elasticrun(
-        ["-np", "3", "--min-np", "1", "-H", "localhost:3", "--blacklist-cooldown-range",
-         "300", "300", sys.executable, str(JOB), "--steps", "40"],
+        ["-np", "3", "--min-np", "1", "-H", "localhost:3", *ONE_WORKER_FAILS,
+         "--blacklist-cooldown-range", "300", "300", sys.executable, str(JOB), "--steps", "40"],
         env=STALE,
     )  # fmt: skip
     job.wait_for(r"step 5 size 3")

@@ -131,7 +131,7 @@ def test_json_a_failure_names_its_rank_and_host_and_the_next_round_follows(
 ) -> None:
     hold, status = tmp_path / "go-on", tmp_path / "status.json"
     job = elasticrun(
-        ["--log-format", "json", "-np", "2", "--min-np", "1",
+        ["--log-format", "json", "-np", "2", "--min-np", "1", "--failure-scope", "worker",
          "--blacklist-cooldown-range", "600", "600",  # no new worker: the job stays at 1
          sys.executable, str(WORKERS / "elastic_job.py"), "--out", str(tmp_path),
          "--epochs", "1", "--hold-at-step", "4", "--hold-file", str(hold),

@@ -52,6 +52,7 @@ def test_a_scrape_shows_the_running_job_and_counts_a_failure_with_its_recovery(
 ) -> None:
     job = elasticrun(
         ["-np", "3", "--min-np", "2", "--max-np", "3", "--heartbeat-interval", "0.5",
+         "--failure-scope", "worker",
          sys.executable, str(WORKERS / "elastic_job.py"), "--out", str(tmp_path),
          "--epochs", "200", "--step-delay", "0.05"]
     )  # fmt: skip
@@ -93,7 +94,8 @@ def test_a_stall_is_named_and_past_the_timeout_its_ranks_behind_have_failed(
 ) -> None:
     job = elasticrun(
         ["-np", "4", "--min-np", "2", "--heartbeat-interval", "0.5", "--stall-warning", "2",
-         "--stall-timeout", "6", sys.executable, str(WORKERS / "stall_job.py")]
+         "--stall-timeout", "6", "--failure-scope", "worker",
+         sys.executable, str(WORKERS / "stall_job.py")]
     )  # fmt: skip
     line = job.wait_for(r"stall in round 1: .*", 120).group(0)
     number = re.search(r"in allreduce #(\d+) for", line)

@@ -138,6 +138,7 @@ def test_an_elastic_job_returns_the_values_of_the_last_rounds_ranks(tmp_path: Pa
         min_np=1,
         max_np=2,
         blacklist_cooldown_range=(300, 300),  # the lost slot is not filled again
+        failure_scope="worker",  # its host-mate goes on
     )
     assert (tmp_path / "died").exists()
     assert values == [(0, 1, 20)]

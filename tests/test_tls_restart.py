@@ -40,7 +40,7 @@ from elastic.worker.membership import MembershipEvents
 from tests.conftest import RunningJob
 from tests.etcd_server import EtcdServer, free_port
 from tests.test_control import RecordingListener
-from tests.test_elastic import job_args, ranks_to_pids
+from tests.test_elastic import ONE_WORKER_FAILS, job_args, ranks_to_pids
 from tests.test_tls import Loop
 
 pytestmark = pytest.mark.timeout(180)
@@ -295,7 +295,7 @@ def test_a_tls_job_survives_a_driver_restart_with_no_key_in_etcd(
     tls = ["--tls"] if certificate == "self-signed" else user_files(tmp_path)
     args = [
         "--backend", "etcd", "--etcd-endpoints", etcd.endpoint, "--job-id", job_id,
-        "-np", "2", "--min-np", "1", "-H", "localhost:2", *tls,
+        "-np", "2", "--min-np", "1", "-H", "localhost:2", *tls, *ONE_WORKER_FAILS,
         "--blacklist-cooldown-range", "300", "300",
         *job_args(tmp_path, "--step-delay", "0.1", epochs=3),
     ]  # fmt: skip

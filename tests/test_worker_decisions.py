@@ -31,7 +31,15 @@ from elastic.driver.policy.rounds import (
     TakeOut,
     WaitForWorkers,
 )
-from elastic.driver.policy.workers import caught_up, exited, failed, judged, keys_lost, waiting
+from elastic.driver.policy.workers import (
+    caught_up,
+    exited,
+    failed,
+    judged,
+    keys_lost,
+    stalled,
+    waiting,
+)
 from elastic.driver.settings import FailureScope
 from tests.policy_views import ELASTIC, LV, NOW, L, M, S, kinds, view, worker
 
@@ -121,6 +129,17 @@ def test_a_failed_host_that_held_every_worker_loses_the_fleet() -> None:
     decision = exited(job, dead, False, NOW)
     assert kinds(decision)[-3:] == [BreakRound, Reform, Finish]
     assert "every worker of the job exited with an error (exit code 1)" in decision.reason
+
+
+def test_ranks_behind_a_stall_on_one_host_fail_once_with_it() -> None:
+    """r1 and r2 kept the round waiting; with --failure-scope host r1's failure takes r2 out
+    with host a, so r2 is not failed (nor its host-mates taken out) a second time."""
+    workers = (worker("r0", M, "b"), worker("r1", M), worker("r2", M, slot=1))
+    job = view(*workers, members=("r0", "r1", "r2"))
+    decision = stalled(job, ["r1", "r2"], "stall in round 1", NOW)
+    assert [a.worker_id for a in decision.actions if isinstance(a, Signal)] == ["r1"]
+    assert [a.worker_id for a in decision.actions if isinstance(a, TakeOut)] == ["r2"]
+    assert [a.worker_id for a in decision.actions if isinstance(a, MarkEnded)] == ["r1"]
 
 
 def test_a_hung_leaver_breaks_the_round_it_left_and_none_is_wanted() -> None:

@@ -227,11 +227,15 @@ def keys_lost(view: JobView, number: int) -> Decision:
 
 def stalled(view: JobView, worker_ids: Sequence[str], line: str, now: float) -> Decision:
     """The live workers of `worker_ids` kept the others of their round waiting past
-    --stall-timeout (`line` says how): each is killed and has failed (see `failed`)."""
+    --stall-timeout (`line` says how): each is killed and has failed (see `failed`), but for
+    those taken out with the host of one before them."""
     actions: list[Action] = []
+    taken_out: set[str] = set()  # with the host of one of them (--failure-scope host)
     for worker_id in worker_ids:
         worker = view.workers[worker_id]
-        if worker.state.alive:
+        if worker.state.alive and worker_id not in taken_out:
             reason = "kept its round waiting past --stall-timeout"
-            actions += [Signal(worker_id, kill=True), *failed(view, worker, reason, now).actions]
+            decision = failed(view, worker, reason, now)
+            taken_out |= {a.worker_id for a in decision.actions if isinstance(a, TakeOut)}
+            actions += [Signal(worker_id, kill=True), *decision.actions]
     return Decision(tuple(actions), line) if actions else NOTHING
