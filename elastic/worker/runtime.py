@@ -200,8 +200,8 @@ def _watch_for_preemption(
 ) -> None:
     """With `--preemption-check`: run it every interval; when it prints a time, this worker
     leaves at its next step (as on SIGTERM) and the driver lets the host's other workers go
-    and launches none there before that time. The check stops when the worker leaves
-    (`shutdown`)."""
+    and launches none there before that time. The check stops when the worker's control
+    client closes (it exits, or the driver excluded it); `shutdown()` does not stop it."""
     if not config.preemption_check:
         return
 
