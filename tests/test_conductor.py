@@ -24,11 +24,19 @@ from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.launch.staffing import Staffing
+from elastic.driver.policy import rounds as policy
 from elastic.driver.policy.rounds import Phase
 from elastic.driver.rendezvous import keeper
 from elastic.driver.rendezvous.batcher import ROUND_AFTER_DEATH
 from elastic.driver.rendezvous.rounds import Rendezvous
-from elastic.driver.reports import DrainAsked, LeaveAsked, Reports, Waiting, WorkerExited
+from elastic.driver.reports import (
+    DrainAsked,
+    Heard,
+    LeaveAsked,
+    Reports,
+    Waiting,
+    WorkerExited,
+)
 from elastic.driver.settings import ElasticSettings, FailureScope, Settings
 from elastic.driver.workers import Worker, WorkerState
 from elastic.protocol.leave import FINISHED
@@ -344,3 +352,26 @@ def test_a_fleet_whose_every_worker_exited_with_an_error_ends_instead_of_startin
     )
     assert job.ended == [(1, message)]
     assert not any("grow" in name for name in job.spawned), "no new workers were launched"
+
+
+def test_a_removed_host_s_workers_hand_over_to_a_stayer_and_leave_in_one_round(
+    tmp_path,
+) -> None:
+    """Host a's two workers hold commit 16; the driver has heard host b's worker report 15
+    only. Neither of a's workers holds the other's state for it: both wait for b's report,
+    then leave in one round (Horovod's scripts count one rendezvous per host change)."""
+
+    async def scenario() -> tuple[Harness, int]:
+        job = Harness(3, True, tmp_path, hosts=["a", "a", "b"])
+        for worker, commit in zip(job.workers, (16, 16, 15), strict=True):
+            worker.commit = commit
+        job.conductor.apply(policy.hosts_removed(job.conductor.view(), ["a"], {"b"}))
+        await asyncio.sleep(ROUND_AFTER_DEATH * 4)
+        round_before_report = job.rendezvous.epoch
+        job.conductor.hear(Heard(job.workers[2].worker_id, 1, 16))
+        await asyncio.sleep(ROUND_AFTER_DEATH * 4)  # the batching window of a plain change
+        return job, round_before_report
+
+    job, round_before_report = asyncio.run(scenario())
+    assert round_before_report == 1, "a's workers waited for a holder that stays"
+    assert job.rendezvous.epoch == 2 and job.rendezvous.members == [job.workers[2].worker_id]

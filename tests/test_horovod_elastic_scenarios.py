@@ -11,6 +11,7 @@ that epoch's hosts, as Horovod's test template does. What is asserted is what Ho
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -110,7 +111,13 @@ def test_hosts_added_and_removed(elasticrun, tmp_path: Path, slots: int) -> None
         (0, 2 * slots, "localhost"),
         (slots, slots, "127.0.0.1"),
     ], job.output
-    assert results[2]["rendezvous"] == 3
+    # Horovod counts 3 rendezvous, one per host change. elasticrun forms one more where a
+    # joiner is slower than the others by 3 s (a loaded machine): those ready are admitted
+    # without it, and it joins a round later, which the launcher's line says.
+    late = len(re.findall(r"worker\(s\) joined, [1-9]\d* still starting", job.output))
+    rounds = re.search(r"ended with exit code 0 after .*: (\d+) round\(s\)", job.output)
+    assert rounds is not None and int(rounds.group(1)) == 3 + late, job.output
+    assert results[2]["rendezvous"] == 3 + late, job.output
 
 
 @pytest.mark.parametrize("exit_mode", ["exception", "kill"])

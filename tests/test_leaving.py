@@ -59,6 +59,18 @@ def test_a_member_goes_at_once_unless_it_holds_the_only_copy_of_its_commit(
     assert [type(a) for a in decision.actions[1:]] == then[expected], case
 
 
+def test_a_member_leaving_along_does_not_count_as_a_holder() -> None:
+    """Its host removed, r0 and r1 leave together: r1 cannot hold r0's state for it, so r0
+    hands it over to r2, which stays (its report of commit 5 is still to come); both then
+    go in one round once r2 reports it."""
+    workers = (worker("r0", M, commit=5), worker("r1", M, slot=1, commit=5),
+               worker("r2", M, "b", commit=4))  # fmt: skip
+    job = view(*workers, members=("r0", "r1", "r2"))
+    handing = leave(job, "r0", WHY, along={"r1"})
+    assert kinds(handing) == [HandOver, Log], "the decision that asked both looks for holders"
+    assert leave(job, "r0", WHY).actions[0] == LetGo("r0", WHY)  # alone, r1 would hold it
+
+
 def test_a_joiner_holding_the_commit_does_not_count_as_a_holder() -> None:
     job = view(worker("r0", M, commit=5), worker("j", L, slot=1, commit=5), members=("r0",))
     assert leave(job, "r0", WHY).actions[0] == HandOver("r0", WHY)

@@ -21,6 +21,7 @@ from elastic.driver.policy.rounds import (
     Log,
     Phase,
     RecordFleetLoss,
+    SeeHandovers,
     ShowProgress,
     WaitForWorkers,
     fill_slots,
@@ -337,8 +338,9 @@ def test_workers_on_a_removed_host_leave_and_those_in_cooldown_stay() -> None:
     )  # fmt: skip
     decision = hosts_removed(view(*workers), ["b", "c"], discovered={"a", "c"})
     assert decision.actions == (
-        AskToLeave("r1", "host b was removed by discovery", Cause.DISCOVERY),
-        AskToLeave("j", "host b was removed by discovery", Cause.DISCOVERY),
+        AskToLeave("r1", "host b was removed by discovery", Cause.DISCOVERY, frozenset({"j"})),
+        AskToLeave("j", "host b was removed by discovery", Cause.DISCOVERY, frozenset({"r1"})),
+        SeeHandovers(),
     )
     assert decision.reason == "host(s) b removed by discovery"
 
@@ -352,7 +354,9 @@ def test_workers_on_a_noticed_host_leave_saying_it_is_about_to_be_preempted() ->
     assert decision.reason == "host(s) b about to be preempted (notice)"
     both = hosts_removed(view(*workers), ["b", "c"], discovered={"a"}, noticed={"b": 9.0})
     assert both.reason == "host(s) b, c removed by discovery"
-    assert both.actions[1] == AskToLeave("r2", "host c was removed by discovery", Cause.DISCOVERY)
+    assert both.actions[1] == AskToLeave(
+        "r2", "host c was removed by discovery", Cause.DISCOVERY, frozenset({"r1"})
+    )
 
 
 def test_workers_beyond_a_shrunk_hosts_slots_leave_and_the_others_stay() -> None:
@@ -363,8 +367,9 @@ def test_workers_beyond_a_shrunk_hosts_slots_leave_and_the_others_stay() -> None
     )  # fmt: skip
     decision = hosts_resized(view(*workers), {"a": 1, "b": 8})
     assert decision.actions == (
-        AskToLeave("a1", "host a now offers 1 slot(s)"),
-        AskToLeave("a2", "host a now offers 1 slot(s)"),
+        AskToLeave("a1", "host a now offers 1 slot(s)", along=frozenset({"a2"})),
+        AskToLeave("a2", "host a now offers 1 slot(s)", along=frozenset({"a1"})),
+        SeeHandovers(),
     )
     assert decision.reason == "host(s) offer fewer slots: a:1"
     assert hosts_resized(view(*workers), {"b": 4}).actions == ()

@@ -275,7 +275,8 @@ class Conductor:
         elif isinstance(action, policy.Launch):
             self._spawn(self._staffing.grow(action.places, lambda: self.phase.forms_rounds))
         elif isinstance(action, policy.AskToLeave):
-            self.apply(leaving.leave(self.view(), action.worker_id, action.why, action.cause))
+            ask = action
+            self.apply(leaving.leave(self.view(), ask.worker_id, ask.why, ask.cause, ask.along))
         elif isinstance(action, policy.StopWorker):
             log.info("%s is stopped: %s", self._where(action.worker_id), action.why)
             self.stop(self._workers[action.worker_id])

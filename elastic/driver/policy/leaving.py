@@ -8,7 +8,7 @@ other one is there, and when none can be, the leaver goes and its state with it 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.policy.rounds import (
@@ -32,33 +32,42 @@ from elastic.driver.workers import Worker, WorkerState
 from elastic.protocol.leave import EXIT_REASONS, FINISHED
 
 
-def handed_over(view: JobView, worker: Worker) -> bool:
-    """Whether another member that stays holds `worker`'s newest commit (or it has none)."""
+def handed_over(view: JobView, worker: Worker, along: Set[str] = frozenset()) -> bool:
+    """Whether another member that stays holds `worker`'s newest commit (or it has none);
+    those `along` (asked to leave with it) do not stay."""
     return worker.commit == 0 or any(
         other.state is WorkerState.MEMBER and other.commit >= worker.commit
         for other in (view.workers[w] for w in view.members)
-        if other is not worker
+        if other is not worker and other.worker_id not in along
     )
 
 
-def leave(view: JobView, worker_id: str, why: str, cause: Cause = Cause.LEAVE) -> Decision:
-    """`worker_id` is asked to leave for `why` (`cause`): a joiner is stopped; a member goes
-    at once (static job, or its state is held elsewhere) or hands its state over first."""
+def leave(
+    view: JobView,
+    worker_id: str,
+    why: str,
+    cause: Cause = Cause.LEAVE,
+    along: Set[str] = frozenset(),
+) -> Decision:
+    """`worker_id` is asked to leave for `why` (`cause`), with those `along`: a joiner is
+    stopped; a member goes at once (static job, or a member that stays holds its state) or
+    hands its state over first (alone, it looks for a holder at once; with others `along`,
+    the decision that asked them all looks once all are asked: see `rounds.together`)."""
     worker = view.workers[worker_id]
     if worker.state is WorkerState.LAUNCHING:
         return Decision((StopWorker(worker_id, why),), f"worker {worker_id} is stopped: {why}")
     if worker.state is not WorkerState.MEMBER:
         return NOTHING
-    if view.elastic is None or handed_over(view, worker):
+    if view.elastic is None or handed_over(view, worker, along):
         return Decision(let_go(view, worker, why, cause), f"worker {worker_id} leaves: {why}")
     reason = f"worker {worker_id} leaves ({why}) once another worker holds commit {worker.commit}"
     line = (
         f"{view.where(worker)} leaves the job ({why}) once another worker holds its state "
         f"(commit {worker.commit})"
     )
+    look = () if along else (SeeHandovers(),)
     return Decision(
-        (HandOver(worker_id, why, cause), Log("info", line, "leave", worker_id), SeeHandovers()),
-        reason,
+        (HandOver(worker_id, why, cause), Log("info", line, "leave", worker_id), *look), reason
     )
 
 

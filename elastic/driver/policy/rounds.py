@@ -84,11 +84,13 @@ class Launch:
 
 @dataclass(frozen=True)
 class AskToLeave:
-    """Ask worker `worker_id` to leave at its next commit, for `why` (a `cause` of its own)."""
+    """Ask worker `worker_id` to leave at its next commit, for `why` (a `cause` of its own);
+    `along`: the others asked to leave with it, none of which can hold its state for it."""
 
     worker_id: str
     why: str
     cause: Cause = Cause.LEAVE
+    along: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -580,6 +582,16 @@ def fill_slots(view: JobView, hosts: Sequence[HostSpec]) -> Decision:
     return Decision((Launch(tuple(places)),), f"{len(places)} free slot(s) to fill")
 
 
+def together(asked: Sequence[AskToLeave]) -> tuple[Action, ...]:
+    """`asked`, each told who else leaves with it (`AskToLeave.along`), then, for several, one
+    look for holders of their state once all are asked (`SeeHandovers`): a host's workers
+    hand their state over to a worker that stays, not to one another, and leave in one
+    round."""
+    ids = frozenset(a.worker_id for a in asked)
+    asks = tuple(AskToLeave(a.worker_id, a.why, a.cause, ids - {a.worker_id}) for a in asked)
+    return (*asks, SeeHandovers()) if len(asks) > 1 else asks
+
+
 def hosts_removed(
     view: JobView,
     removed: Sequence[str],
@@ -605,13 +617,13 @@ def hosts_removed(
             return Cause.DRAIN
         return Cause.PREEMPTION if hostname in noticed else Cause.DISCOVERY
 
-    actions = tuple(
+    actions = together([
         AskToLeave(worker.worker_id, why(hostname), cause(hostname))
         for hostname in removed
         if hostname not in discovered
         for worker in view.workers.values()
         if worker.hostname == hostname and worker.state.alive
-    )
+    ])  # fmt: skip
     if not actions:
         return NOTHING
     gone = [h for h in removed if h not in discovered]
@@ -626,15 +638,15 @@ def hosts_resized(view: JobView, slots: Mapping[str, int]) -> Decision:
     """A host that now offers fewer slots (`slots`: its new count) keeps the workers of its
     first slots; those on slots beyond the count leave the job (no rollback, no cooldown).
     More slots are filled as any free slots are (`fill_slots`)."""
-    actions = tuple(
+    actions = together([
         AskToLeave(worker.worker_id, f"host {worker.hostname} now offers {count} slot(s)")
         for hostname, count in slots.items()
         for worker in view.workers.values()
         if worker.hostname == hostname and worker.state.alive and worker.host_slot >= count
-    )
+    ])  # fmt: skip
     if not actions:
         return NOTHING
-    leaving = {view.workers[a.worker_id].hostname for a in actions}
+    leaving = {view.workers[a.worker_id].hostname for a in actions if isinstance(a, AskToLeave)}
     shrunk = ", ".join(f"{h}:{n}" for h, n in slots.items() if h in leaving)
     return Decision(actions, f"host(s) offer fewer slots: {shrunk}")
 
