@@ -107,8 +107,10 @@ def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
     """Give an optimizer without state its state, as Horovod does before broadcasting it:
     every parameter that requires a gradient gets a zero gradient (sparse for `SparseAdam`)
     and the wrapped optimizer takes one step (never a `DistributedOptimizer` step, which
-    would reduce over the ranks). Unlike Horovod, the parameters keep their values: a zero
-    step with weight decay would move them on this rank only."""
+    would reduce over the ranks). Unlike Horovod, the parameters keep their values (a zero
+    step with weight decay would move them on this rank only) and the state is that of an
+    optimizer that has taken no step yet (step counts back to 0; see `_as_never_stepped`),
+    so training after the broadcast equals training without it, as on one process."""
     if optimizer.state:
         return
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
@@ -121,6 +123,22 @@ def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
     with torch.no_grad():
         for p, value in zip(params, kept, strict=True):
             p.copy_(value)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p in optimizer.state:
+                _as_never_stepped(optimizer.state[p], group)
+
+
+def _as_never_stepped(state: dict[str, Any], group: dict[str, Any]) -> None:
+    """One parameter's optimizer state after a zero-gradient step, made that of no step:
+    moments of a zero gradient are zero already, the step count is set back to 0, and SGD's
+    zero momentum buffer stays only where a first step treats it as a missing one (no
+    dampening: `momentum * 0 + grad` is the gradient, as a first step's buffer)."""
+    if "step" in state:
+        step = state["step"]
+        state["step"] = step.zero_() if isinstance(step, torch.Tensor) else 0
+    if "momentum_buffer" in state and group.get("dampening", 0) != 0:
+        state["momentum_buffer"] = None
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
