@@ -161,6 +161,7 @@ def test_the_page_shows_a_live_job_and_a_killed_workers_round(
 ) -> None:
     job = elasticrun(
         ["-np", "3", "--min-np", "2", "--max-np", "3", "--heartbeat-interval", "0.5",
+         "--failure-scope", "worker",  # the killed worker alone leaves; its host-mates stay
          sys.executable, str(WORKERS / "elastic_job.py"), "--out", str(tmp_path),
          "--epochs", "400", "--step-delay", "0.05"]
     )  # fmt: skip
