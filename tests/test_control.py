@@ -108,6 +108,13 @@ class RecordingListener:
         with self._changed:
             return [c for c in self.calls if c[0] == kind and c[1] == worker_id]
 
+    def wait_until(self, done: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+        """Wait until `done()` holds (checked at each recorded call); `what` names it in the
+        failure."""
+        with self._changed:
+            ok = self._changed.wait_for(done, timeout=timeout)
+        assert ok, f"not within {timeout} s: {what}: {self.calls}"
+
     def wait_for(
         self, kind: str, worker_id: str, count: int = 1, timeout: float = 10.0
     ) -> list[tuple[Any, ...]]:
