@@ -299,6 +299,8 @@ class Soak:
         self.side = SideFiles(self.folder / "side")
         self.hosts_file = self.folder / "hosts"
         self.stop_file = self.folder / "stop"
+        self.runtime_folder = self.folder / "run"
+        self.runtime_folder.mkdir(mode=0o700, exist_ok=True)
 
     # --- the job ----------------------------------------------------------------------------
 
@@ -320,7 +322,13 @@ class Soak:
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
-        return {"ELASTIC_HOSTS_FILE": str(self.hosts_file), "TMPDIR": str(self.folder)}
+        # The job file (which keeps the token for the next driver) lives in this soak's own
+        # runtime folder: another soak of job "soak" on this host must not replace it.
+        return {
+            "ELASTIC_HOSTS_FILE": str(self.hosts_file),
+            "TMPDIR": str(self.folder),
+            "XDG_RUNTIME_DIR": str(self.runtime_folder),
+        }
 
     @property
     def driver(self) -> TimedJob | None:
