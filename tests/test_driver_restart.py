@@ -137,6 +137,43 @@ def test_a_worker_killed_while_the_driver_is_away_is_handled_after_the_restart(
     kill_a_worker_while_the_driver_is_away(elasticrun, etcd, tmp_path, "restart2", "localhost")
 
 
+def test_a_leaver_let_go_before_the_driver_died_is_told_so_by_the_next_driver(
+    elasticrun, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """The only worker gets SIGTERM with no slot free for a worker to take its state over, so
+    the driver lets it go with its state; the driver dies before the leaver, held at a step,
+    comes to the rendezvous. The restarted driver must turn its join away at once (the dead
+    driver's word), not keep it waiting for the rejoin timeout while it holds the only slot;
+    a new worker then takes the slot and the job ends."""
+    env = {"TMPDIR": str(tmp_path)}
+    hold = tmp_path / "go"
+    args = durable_args(
+        etcd, "letgo", "--min-np", "1", "--max-np", "1", "-H", "localhost:1",
+        "--failure-scope", "worker", "--start-timeout", "60",
+        *job_args(tmp_path, "--hold-at-step", "3", "--hold-file", str(hold), epochs=1),
+    )  # fmt: skip
+    first = elasticrun(args, env)
+    leaver = ranks_to_pids(first, 1)[0]
+    first.wait_for(r"holding for")
+    os.kill(leaver, signal.SIGTERM)
+    first.wait_for(r"leaves the job: SIGTERM; nobody can take its state over")
+    deadline = time.monotonic() + 30
+    while " leaving " not in status(etcd, "letgo", "--saved").stdout:  # the word is saved
+        assert time.monotonic() < deadline, status(etcd, "letgo", "--saved").stdout
+        time.sleep(0.1)
+    kill_driver(first)
+
+    second = elasticrun(args, env)
+    second.wait_for(r"resuming job letgo")
+    hold.touch()  # the leaver goes on to its commit, then to the rendezvous
+    deadline = time.monotonic() + 20  # it waited 85 s (its rejoin timeout) before the fix
+    while pids_alive([leaver]):
+        assert time.monotonic() < deadline, f"the leaver still waits:\n{second.transcript()}"
+        time.sleep(0.1)
+    assert second.finish(120) == 0, second.transcript()
+    assert "training state lost" in second.output  # its state left with it, as said
+
+
 def test_a_second_driver_of_a_running_job_is_refused(
     elasticrun, etcd: EtcdServer, tmp_path: Path
 ) -> None:

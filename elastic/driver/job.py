@@ -342,6 +342,9 @@ class Job:
         self._rendezvous.restore(
             state.epoch, [(w, self._workers[w].hostname) for w in state.members]
         )
+        for worker in saved.workers:  # let go (`LetGo`) by the dead driver: its joins are
+            if worker.state is WorkerState.LEAVING and not worker.handing_over:  # turned away
+                self._rendezvous.exclude(worker.worker_id)
         restore_hosts(self._watcher.tracker, state, time.time() - self._clock(), self._clock())
         tally = Tally(state.resets, state.update_version, state.newest_commit)
         self._conductor.resume(tally, state.finishing)
