@@ -3,7 +3,7 @@
 worker, `from_env`). `slot_variables` names a slot's values, for the driver at launch and for
 the worker runtime after each re-form.
 
-They are documented in the README ("Worker environment"). The secret (`TOKEN`) is in the
+They are documented in docs/launcher.md ("Worker environment"). The secret (`TOKEN`) is in the
 environment of local children and read from ssh's stdin on remote hosts, never on a command
 line.
 """

@@ -3,7 +3,7 @@
 Gauges come from the job's status taken when a scrape asks (nothing is kept up to date
 between scrapes, so an unscraped job pays nothing), and the text is made from that snapshot
 off the event loop; the recovery histogram is fed as rounds form. Names and labels are
-listed in the README ("Metrics"). Nothing here is secret: no token, no command line, no
+listed in docs/operating.md ("Metrics"). Nothing here is secret: no token, no command line, no
 environment.
 """
 
