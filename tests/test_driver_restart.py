@@ -5,6 +5,7 @@ fixture on loopback; workers write their output under the test's TMPDIR."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -172,6 +173,35 @@ def test_a_leaver_let_go_before_the_driver_died_is_told_so_by_the_next_driver(
         time.sleep(0.1)
     assert second.finish(120) == 0, second.transcript()
     assert "training state lost" in second.output  # its state left with it, as said
+
+
+def test_a_worker_stopped_while_the_driver_is_away_is_found_hung_after_the_restart(
+    elasticrun, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """Rank 1 is SIGSTOPped while no driver runs, so it never reaches the restarted driver:
+    once the re-adopted workers' grace is over it is found hung, the round re-forms without
+    it and training goes on (rank 0 was blocked in a collective with it)."""
+    env = {"TMPDIR": str(tmp_path)}
+    args = durable_args(
+        etcd, "stopped", "-np", "2", "--min-np", "1", "-H", "localhost:2",
+        "--failure-scope", "worker", "--heartbeat-interval", "0.5",
+        "--blacklist-cooldown-range", "300", "300",
+        *job_args(tmp_path, "--step-delay", "0.1", epochs=3),
+    )  # fmt: skip
+    first = elasticrun(args, env)
+    pids = ranks_to_pids(first, 2)
+    first.wait_for(r"step 4 ")
+    kill_driver(first)
+    os.kill(pids[1], signal.SIGSTOP)
+    try:
+        second = elasticrun(args, env)
+        second.wait_for(r"resuming job stopped")
+        second.wait_for(r"rank 1 on host localhost missed 3 heartbeats", timeout=40)
+        second.wait_for(r"round \d+: 1 worker\(s\)", timeout=30)
+        assert second.finish(120) == 0, second.transcript()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids[1], signal.SIGKILL)
 
 
 def test_a_second_driver_of_a_running_job_is_refused(

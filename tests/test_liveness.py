@@ -43,8 +43,15 @@ def test_missed_heartbeats_make_a_worker_hung_only_after_three_intervals() -> No
     assert verdict(worker(), 100.0 + MISSED_HEARTBEATS * 1.0 + 0.01) is Verdict.HUNG
 
 
-def test_an_unregistered_worker_is_not_judged_by_heartbeats() -> None:
+def test_a_worker_neither_registered_nor_heard_is_not_judged_by_heartbeats() -> None:
     assert verdict(worker(registered=False, last_heartbeat=0.0), 100.0) is None
+
+
+def test_a_worker_heard_before_it_registers_is_judged_by_heartbeats() -> None:
+    """After a driver restart a worker's heartbeats may come back before its event stream
+    registers; if it then stops (SIGSTOP, a hang), it must still be found hung."""
+    silent = worker(registered=False, heard=True)
+    assert verdict(silent, 100.0 + MISSED_HEARTBEATS * 1.0 + 0.01) is Verdict.HUNG
 
 
 def test_a_closed_stream_waits_for_the_exit_for_the_grace_period() -> None:

@@ -143,7 +143,9 @@ class Fleet:
                 worker.process = AdoptedProcess(None, None)  # ended, exit code unknown
             worker.launched_at = now
             worker.last_heartbeat = now + ADOPT_GRACE  # it has to find this driver first
-            worker.heard = True  # it was heard before: judged by heartbeats after that grace
+            # Heard before (it registered or beat in a round): judged by heartbeats after
+            # that grace; one that never did may still be starting (the start timeout).
+            worker.heard = worker.registered or worker.joined
             self._watch(worker)
         self._stop_strays()
 

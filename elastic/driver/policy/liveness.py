@@ -28,7 +28,9 @@ class Limits:
 def judge(workers: Iterable[Worker], now: float, limits: Limits) -> list[tuple[Worker, Verdict]]:
     """The live workers to act on, each with one verdict.
 
-    A registered worker is HUNG after `MISSED_HEARTBEATS` heartbeat intervals without one. A
+    A registered worker, or one whose heartbeats reached this driver (it may beat before its
+    event stream registers, as after a driver restart), is HUNG after `MISSED_HEARTBEATS`
+    heartbeat intervals without one. A
     worker whose control stream closed without it saying it exits is STREAM_CLOSED after
     `max(heartbeat_interval, stop_grace)`: a crashing worker closes its stream first and takes
     a while to exit, and its exit code says more. A worker that has not joined an epoch within
@@ -45,7 +47,8 @@ def judge(workers: Iterable[Worker], now: float, limits: Limits) -> list[tuple[W
         if not worker.state.alive or worker.process is None:
             continue
         closed_for = now - worker.stream_closed_at if worker.stream_closed_at is not None else None
-        hung = worker.registered and now - worker.last_heartbeat > MISSED_HEARTBEATS * interval
+        heard_of = worker.registered or worker.heard  # else no heartbeat is due from it yet
+        hung = heard_of and now - worker.last_heartbeat > MISSED_HEARTBEATS * interval
         if worker.state is WorkerState.LEAVING and not worker.handing_over:
             if closed_for is not None and closed_for > limits.stop_grace:
                 verdicts.append((worker, Verdict.LINGERING))
