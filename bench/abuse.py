@@ -13,7 +13,7 @@ clients; commits every 5 steps; the cooldown is 600 s so that the killed slot is
 during the phase), waits for steady training, watches the driver for 2 s at rest, then for
 `--seconds`:
 
-* (abused phase only, each hostile client in a process of its own, `bench/abuse_probes.py`)
+* (abused phase only, each hostile client in a process of its own, `bench/support/abuse_probes.py`)
   (a) one connection floods the heartbeat port with junk frames at full speed, reopened when
   closed; (b) `--silent` silent connections are held on each of the HTTP, gRPC and heartbeat
   ports; (c) `--slow-bodies` unauthenticated `POST /ui/login` bodies trickle in a byte per
@@ -21,7 +21,7 @@ during the phase), waits for steady training, watches the driver for 2 s at rest
   other than the workers' (127.0.0.2, ...), as hostile peers elsewhere would;
 * the driver's resident memory (VmRSS) and descriptor count are sampled every 0.15 s, and
   `/v1/status` with the job's token is asked every 0.5 s on a fresh connection
-  (`bench/driver_watch.py`);
+  (`bench/support/driver_watch.py`);
 * at half time, one worker (rank 2, alone on its host) is SIGKILLed; its recovery is the time
   from the kill to the first step of the re-formed round at size 2 (as
   bench/elastic_recovery.py measures it).
@@ -55,27 +55,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.abuse_probes import Hostile, driver_ports, raise_open_file_limit, start_abuse
-from bench.driver_watch import DriverWatch, StatusPoller, open_file_limit, resident_mib
-from bench.elastic_recovery import (
-    ELASTIC_WORKLOAD,
-    Launcher,
-    Output,
-    Step,
-    TrialFailed,
-    first_step,
-    make_systems,
-    steady,
-    stop_all,
-    third_host,
-)
-from bench.machine_load import OtherLoad
-from bench.provenance import git_state, load_averages
+from bench.support.abuse_probes import Hostile, driver_ports, raise_open_file_limit, start_abuse
+from bench.support.driver_watch import DriverWatch, StatusPoller, open_file_limit, resident_mib
+from bench.support.local_systems import ELASTIC_WORKLOAD, make_systems, third_host
+from bench.support.machine_load import OtherLoad
+from bench.support.paths import RESULTS, ROOT
+from bench.support.provenance import git_state, load_averages
+from bench.support.step_timing import first_step, steady
+from bench.support.trial_processes import Launcher, Output, Step, TrialFailed, stop_all
 from elastic.driver.job_file import find_job
 
-ROOT = Path(__file__).resolve().parent.parent
 WORKER_LINE = re.compile(r"^\[\d+\]<std(out|err)>:")  # the launcher's copy of a worker's line
-RESULTS = ROOT / "bench" / "results"
 
 WORKERS = 3
 COMPUTE_S = 0.05  # each step's sleep before its ~20 ms of compute

@@ -52,7 +52,9 @@ def human(nbytes: int) -> str:
 
 
 def drive(args: argparse.Namespace) -> None:
-    from bench.launch import run_and_save  # the driver side only; workers never import it
+    from bench.support.elasticrun_launch import (
+        run_and_save,  # the driver side only; workers never import it
+    )
 
     worker_args = ["--reps", str(args.reps), "--target-s", str(args.target_s)]
     if args.max_bytes:

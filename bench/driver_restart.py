@@ -51,22 +51,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):  # run as a file: make `bench`, `elastic` and `tests` importable
-    sys.path.insert(0, str(ROOT))
-
-from bench.elastic_recovery import (  # noqa: E402
-    ELASTIC_WORKLOAD,
-    RESULTS,
-    Launcher,
-    Output,
-    Step,
-    TrialFailed,
-    processes_naming,
-    summarize,
-)
-from bench.machine_load import OtherLoad  # noqa: E402 - after the path fix above
-from bench.provenance import git_state, load_averages  # noqa: E402
+from bench.support.local_systems import ELASTIC_WORKLOAD
+from bench.support.machine_load import OtherLoad
+from bench.support.paths import RESULTS, ROOT
+from bench.support.provenance import git_state, load_averages
+from bench.support.step_timing import summarize
+from bench.support.trial_processes import Launcher, Output, Step, TrialFailed, processes_naming
 
 VARIANTS = ["etcd_restart", "etcd_worker_kill", "memory_worker_kill"]
 METRICS = ["recovery_s", "restart_to_resuming_s", "steps_lost"]

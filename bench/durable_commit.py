@@ -25,17 +25,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-if not __package__:  # run as a script: make `elastic` and `bench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+import torch.distributed as dist
+from torch import nn
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
-
-from bench.provenance import git_state, load_averages  # noqa: E402
-from elastic.protocol.http import SlotInfo  # noqa: E402
-from elastic.state import TorchState  # noqa: E402
-from elastic.worker import context  # noqa: E402
+from bench.support.provenance import git_state, load_averages
+from elastic.protocol.http import SlotInfo
+from elastic.state import TorchState
+from elastic.worker import context
 
 MODES = ("no commits", "in-memory commits", "durable commits")
 

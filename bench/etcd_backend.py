@@ -7,13 +7,13 @@ saver, liveness checks) runs in this process, once with `MemoryBackend` and once
 `EtcdBackend` on a real etcd server (`tests/etcd_server.py`, loopback, a fresh `--job-id` per
 trial), the two interleaved per trial (alternating which goes first). Only the launcher is
 replaced: `FakeLauncher` starts no process but hands each worker's environment to a separate
-client process (`bench.simulated`, asyncio: grpc.aio and a minimal HTTP/1.1 client) where a
-simulated worker does what `elastic.worker.runtime.init` and the elastic run loop do on the
-wire: gRPC Register (job token as `authorization: Bearer ...`), the Events stream (opened
-before joining), a heartbeat every heartbeat interval on the port that stream names, and
-`POST /v1/rendezvous/join` until `formed`; on `EpochBroken` / `HostsUpdated` it joins again
-with `after_epoch` = its epoch. No torch, no process group. `bench/scale.py` uses the same
-workers, in several processes, against a driver in its own process, up to 10,000 workers.
+client process (`bench.support.simulated_workers`, asyncio: grpc.aio and a minimal HTTP/1.1
+client) where a simulated worker does what `elastic.worker.runtime.init` and the elastic run loop do
+on the wire: gRPC Register (job token as `authorization: Bearer ...`), the Events stream (opened
+before joining), a heartbeat every heartbeat interval on the port that stream names, and `POST
+/v1/rendezvous/join` until `formed`; on `EpochBroken` / `HostsUpdated` it joins again with
+`after_epoch` = its epoch. No torch, no process group. `bench/scale.py` uses the same workers, in
+several processes, against a driver in its own process, up to 10,000 workers.
 
 Each trial of an elastic job `-np N --min-np 1 --max-np N -H localhost:N` (N = 2, 4, 8 and
 1000 simulated workers) measures, in seconds:
@@ -55,20 +55,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-if __package__ in (None, ""):  # run as a file: make `bench`, `elastic` and `tests` importable
-    sys.path.insert(0, str(ROOT))
-
-from bench.machine_load import OtherLoad  # noqa: E402 - after the path fix above
-from bench.provenance import git_state, load_averages  # noqa: E402
-from bench.simulated import (  # noqa: E402
-    Changes,
-    ClientProcess,
-    FakeLauncher,
-    make_job,
-    raise_open_files_limit,
-)
+from bench.support.child_processes import raise_open_files_limit
+from bench.support.machine_load import OtherLoad
+from bench.support.paths import RESULTS
+from bench.support.provenance import git_state, load_averages
+from bench.support.simulated_job import Changes, ClientProcess, FakeLauncher, make_job
 
 SMALL_SIZES = (2, 4, 8)
 LARGE_SIZE = 1000
@@ -88,8 +79,9 @@ METRICS = ("first_epoch_s", "run_to_first_epoch_s", "reform_s", "idle_cpu_pct")
 
 
 class Clients:
-    """The client process (`bench.simulated`), as seen from the driver's event loop: send
-    commands, collect when each simulated worker received its slot in which epoch."""
+    """The client process (`bench.support.simulated_workers`), as seen from the driver's
+    event loop: send commands, collect when each simulated worker received its slot in which
+    epoch."""
 
     def __init__(self) -> None:
         self._client = ClientProcess(self._on_report)

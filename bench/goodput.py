@@ -7,7 +7,7 @@ vanishing at the same moments.
 As root (the bed's network namespaces); about 5 minutes per system with the defaults
 (a 240 s replay, plus the bed and the launch).
 
-The trace (bench/spot_trace.py): `aws_p3_spot_availability.csv` beside the project
+The trace (bench/support/spot_trace.py): `aws_p3_spot_availability.csv` beside the project
 (../shared/data/traces; from the Parcae paper, NSDI'24: up to 32 AWS p3.2xlarge spot nodes
 over 11.4 hours). `--window FROM:TO` trace hours are replayed with one trace hour in
 `--hour-s` seconds, and 32 nodes scaled to `--hosts` bed hosts (1 slot each; 32 -> 8: four
@@ -21,7 +21,7 @@ would. The systems:
   boundary; durable commits (`--checkpoint-dir`, every `--checkpoint-every`-th commit);
 * `elasticrun_no_notice`: the same without notices: each reclaim is a host lost mid-step,
   the survivors roll back to their last in-memory commit;
-* `torchrun`: as tuned in bench/multihost.py (`bench/bed_systems.py`) but with the store's
+* `torchrun`: as tuned in bench/multihost.py (`bench/support/bed_systems.py`) but with the store's
   default read timeout (`RDZV`); rank 0 checkpoints every `--commit-every` steps to the same
   disk; every change restarts every worker from it.
 
@@ -31,12 +31,12 @@ or checkpointing (torchrun) every `--commit-every` steps, each step first waitin
 machine's 2 CPUs still each train about as fast as alone. The replay starts once the job
 trains steadily at the window's first size.
 
-Measured (bench/goodput_ledger.py): rank 0's step lines give the useful rank-steps (a step at
-size N counts N; a step redone after a rollback counts once); the ideal is what every offered
-host would have trained at the fastest steady step time measured at its size; goodput is
-their ratio, and what was lost is split by cause (re-forms and restarts, rollbacks, hosts
-left on notice, hosts not yet in the job, slower steps, the unfinished last step). A job
-whose launchers all exited during the replay is measured as it went (`job_ended` says so).
+Measured (bench/support/goodput_ledger.py): rank 0's step lines give the useful rank-steps
+(a step at size N counts N; a step redone after a rollback counts once); the ideal is what every
+offered host would have trained at the fastest steady step time measured at its size; goodput is
+their ratio, and what was lost is split by cause (re-forms and restarts, rollbacks, hosts left on
+notice, hosts not yet in the job, slower steps, the unfinished last step). A job whose launchers all
+exited during the replay is measured as it went (`job_ended` says so).
 
 The JSON document goes to stdout and to `--out` (default bench/results/goodput.json), each
 run's transcript beside it (bench/results/goodput/); progress to stderr. After each run every
@@ -58,23 +58,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):  # run as a file: make `bench`, `elastic` and `tests` importable
-    sys.path.insert(0, str(ROOT))
-
-from bench.bed_systems import ElasticrunOnBed, TorchrunOnBed  # noqa: E402
-from bench.elastic_recovery import Output, TrialFailed, first_step, steady  # noqa: E402
-from bench.goodput_ledger import (  # noqa: E402
+from bench.support.bed_systems import ElasticrunOnBed, TorchrunOnBed, clean_up, leftovers
+from bench.support.goodput_ledger import (
     CAUSES,
     StepLine,
     account,
     ideal_step_times,
     step_times,
 )
-from bench.multihost import clean_up, leftovers  # noqa: E402
-from bench.provenance import git_state, load_averages  # noqa: E402
-from bench.spot_trace import AWS_P3_TRACE, Replay, TraceError, read_trace, scale, schedule  # noqa: E402
-from tests.multihost.bed import Bed, BedUnavailable, missing_prerequisite  # noqa: E402
+from bench.support.paths import ROOT
+from bench.support.provenance import git_state, load_averages
+from bench.support.spot_trace import AWS_P3_TRACE, Replay, TraceError, read_trace, scale, schedule
+from bench.support.step_timing import first_step, steady
+from bench.support.trial_processes import Output, TrialFailed
+from tests.multihost.bed import Bed, BedUnavailable, missing_prerequisite
 
 SYSTEMS = ["elasticrun", "elasticrun_no_notice", "torchrun"]
 TARGETS = {"goodput_at_least": 0.90, "over_torchrun_at_least": 1.5}

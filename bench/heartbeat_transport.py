@@ -50,13 +50,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):
-    sys.path.insert(0, str(ROOT))
-
-# ruff: noqa: E402 - after the path fix above
-from bench.provenance import git_state
-from bench.simulated import child_env, raise_open_files_limit
+from bench.support.child_processes import child_env, raise_open_files_limit
+from bench.support.paths import ROOT
+from bench.support.provenance import git_state
 
 TOKEN = "heartbeat-transport-bench"
 MODES = ("beats", "grpc-stream", "open")

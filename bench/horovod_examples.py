@@ -48,10 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from bench.provenance import git_state, load_averages
+from bench.support.paths import RESULTS, ROOT
+from bench.support.provenance import git_state, load_averages
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 HOSTS_FILE_SCRIPT = ROOT / "discovery_scripts" / "hosts_file.sh"
 
 HOROVOD_IMPORT = "import horovod.torch as hvd"

@@ -16,9 +16,9 @@ import json
 import platform
 import statistics
 import time
-from pathlib import Path
 
-from bench.provenance import git_state
+from bench.support.paths import RESULTS
+from bench.support.provenance import git_state
 from elastic.driver.observe.metrics import JobMetrics
 from elastic.driver.observe.timeline import RoundTimeline
 from elastic.driver.rendezvous.rounds import Rendezvous
@@ -29,7 +29,7 @@ from elastic.protocol.http import HostStatus
 
 SIZES = (4, 100, 1000, 10000)
 PER_HOST = 4
-RESULTS = Path(__file__).resolve().parent / "results" / "observe_cost.json"
+RESULT_FILE = RESULTS / "observe_cost.json"
 
 
 def _job(size: int) -> tuple[Rendezvous, list[Worker], list[HostStatus], RoundTimeline]:
@@ -103,8 +103,8 @@ def main() -> None:
         "microseconds of one heartbeat's progress bookkeeping",
         "sizes": rows,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(doc, indent=1))
+    RESULT_FILE.parent.mkdir(parents=True, exist_ok=True)
+    RESULT_FILE.write_text(json.dumps(doc, indent=1))
     print(json.dumps(doc, indent=1))
 
 

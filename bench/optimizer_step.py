@@ -40,7 +40,9 @@ MODELS = {
 
 
 def drive(args: argparse.Namespace) -> None:
-    from bench.launch import run_and_save  # the driver side only; workers never import it
+    from bench.support.elasticrun_launch import (
+        run_and_save,  # the driver side only; workers never import it
+    )
 
     worker_args = ["--rounds", str(args.rounds), "--models", args.models]
     run_and_save(__file__, f"optimizer_np{args.np}.json", args.np, worker_args, args.timeout)

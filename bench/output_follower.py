@@ -30,9 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.support.paths import RESULTS
 from elastic.driver.launch.follower import OutputFollower
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 class Counting:

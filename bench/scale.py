@@ -6,10 +6,11 @@
 The real driver (`elastic.driver.job.Job`: rendezvous, HTTP API, gRPC control service,
 liveness checks, with etcd the state saver) runs in a process of its own, one per trial, so
 that its CPU time and memory are its own; only its launcher is fake
-(`bench.simulated.FakeLauncher`). N simulated workers (`bench.simulated`: register, event
-stream, heartbeats, joins, no torch) live in `--client-processes` other processes, N/k each.
-This process only routes: each launch the driver makes starts a simulated worker in one of
-the client processes (round robin), and a death is ordered from here.
+(`bench.support.simulated_job.FakeLauncher`). N simulated workers
+(`bench.support.simulated_workers`: register, event stream, heartbeats, joins, no torch) live in
+`--client-processes` other processes, N/k each. This process only routes: each launch the driver
+makes starts a simulated worker in one of the client processes (round robin), and a death is ordered
+from here.
 
 The job is elastic, `-np N --min-np 1 --max-np N --failure-scope worker` (a death takes no
 host-mate with it), on N/8 hosts of 8 slots (`--slots-per-host`;
@@ -52,7 +53,7 @@ Every failed call a simulated worker tries again is counted by call and status
 workers all start the moment they are launched (`--start-spread S`: each after a random delay
 of up to S s, as a real worker's interpreter and imports would spread them).
 
-Side by side (`--no-tcpstore` to skip), `bench.tcpstore_rendezvous`: N clients of torch's
+Side by side (`--no-tcpstore` to skip), `bench.support.tcpstore_rendezvous`: N clients of torch's
 `TCPStore` (libuv server) in the same number of client processes each `add` a counter and
 `wait` on a barrier key set by the last one: what torchrun's c10d rendezvous pays at least.
 
@@ -92,23 +93,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):  # run as a file: make `bench`, `elastic` and `tests` importable
-    sys.path.insert(0, str(ROOT))
-
-# ruff: noqa: E402 - after the path fix above
-from bench.machine_load import OtherLoad, process_cpu_seconds, process_memory_mib
-from bench.profiles import summarize_collapsed, summarize_cprofile
-from bench.provenance import git_state, load_averages
-from bench.simulated import (
-    Changes,
-    ClientProcess,
-    FakeLauncher,
-    child_env,
-    make_job,
-    raise_open_files_limit,
-)
-from bench.tcpstore_rendezvous import tcpstore_rendezvous
+from bench.support.child_processes import child_env, raise_open_files_limit
+from bench.support.machine_load import OtherLoad, process_cpu_seconds, process_memory_mib
+from bench.support.paths import ROOT
+from bench.support.profiles import summarize_collapsed, summarize_cprofile
+from bench.support.provenance import git_state, load_averages
+from bench.support.simulated_job import Changes, ClientProcess, FakeLauncher, make_job
+from bench.support.tcpstore_rendezvous import tcpstore_rendezvous
 
 SIZES = (1000, 4000, 10000)
 BACKENDS = ("memory", "etcd")

@@ -1,7 +1,8 @@
 """The scale benchmark runs end to end at a tiny size and writes every figure it promises.
 
 `python -m bench.scale` with 20 simulated workers and the memory backend (a real driver in its
-own process, two client processes), and `bench.tcpstore_rendezvous` with 20 TCPStore clients;
+own process, two client processes), and `bench.support.tcpstore_rendezvous` with 20 TCPStore
+clients;
 the figures themselves are not judged here, only that they are there.
 """
 
@@ -51,7 +52,7 @@ def test_scale_writes_every_figure(tmp_path: Path) -> None:
 
 
 def test_tcpstore_reference_times_a_rendezvous() -> None:
-    from bench.tcpstore_rendezvous import tcpstore_rendezvous
+    from bench.support.tcpstore_rendezvous import tcpstore_rendezvous
 
     record = asyncio.run(tcpstore_rendezvous(20, 2, timeout=60))
     assert record["ok"], record

@@ -4,7 +4,7 @@ and what a trial leaves on the bed.
 * `ElasticrunOnBed`: the driver in the root namespace, the bed's hosts from a discovery file,
   every worker started through the bed's ssh;
 * `TorchrunOnBed`: a rendezvous store of its own in the root namespace
-  (bench/rendezvous_store.py), then one agent per host, in the host's namespace (`Bed.start`),
+  (bench/support/torchrun_store.py), then one agent per host, in the host's namespace (`Bed.start`),
   tuned as in bench/elastic_recovery.py plus what the bed needs (`torchrun_needs` says what
   and why).
 
@@ -14,7 +14,9 @@ start that fails halfway is still stopped), and react to the cloud's word on a h
 torchrun has no use for it), `host_gone(host)` (reclaimed: discovery drops it) and
 `host_returned(host)` (back, or allocated: listed again in elasticrun's discovery file,
 nothing changing for a host that never left it; a fresh agent for torchrun).
-`namespace_leftovers` checks the hosts once a trial's launchers stopped.
+`namespace_leftovers` checks the hosts once a trial's launchers stopped; `clean_up` ends a
+trial (launchers stopped, the bed closed, what was left reported) and `leftovers` counts what
+it found.
 """
 
 from __future__ import annotations
@@ -31,24 +33,22 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from bench.elastic_recovery import (
+from bench.support.local_systems import (
     ELASTIC_WORKLOAD,
     HOSTS_FILE_SCRIPT,
-    LEFTOVER_TIMEOUT,
     TORCHRUN_WORKLOAD,
     TUNED_MONITOR_INTERVAL,
     TUNED_RDZV_CONF,
-    Launcher,
-    Output,
-    TrialFailed,
     make_systems,
     worker_args,
     write_hosts,
 )
+from bench.support.paths import ROOT
+from bench.support.trial_processes import LEFTOVER_TIMEOUT, Launcher, Output, TrialFailed, stop_all
 from tests.multihost.bed import Bed
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.multihost.leftovers import survey
 
 HOSTS = 4
 HEARTBEAT = 0.5
@@ -220,7 +220,7 @@ class TorchrunOnBed:
         self.commands: dict[str, str] = {}
 
     def start(self) -> None:
-        store_cmd = [sys.executable, "-m", "bench.rendezvous_store", "--max-seconds", "900"]
+        store_cmd = [sys.executable, "-m", "bench.support.torchrun_store", "--max-seconds", "900"]
         store = Launcher("store", store_cmd, self.env, self.out, ROOT)
         self.launchers.append(store)
         serving = self.out.wait(
@@ -317,3 +317,38 @@ def namespace_leftovers(bed: Bed) -> dict[str, list[str]]:
     for pid, (host, argv) in found.items():
         by_host.setdefault(host, []).append(f"{pid}: {argv}")
     return by_host
+
+
+def clean_up(
+    folder: Path, bed: Bed | None, job: ElasticrunOnBed | TorchrunOnBed | None, cut: str | None
+) -> dict[str, Any]:
+    """After a trial: heal the `cut` host (partitions end; elasticrun then tells the stale
+    worker to go), stop every launcher, check that nothing is left in the root namespace
+    (`stop_all`: no process names the trial's folder) nor in the hosts, and close the bed,
+    checking that its namespaces, links and nft table are gone. Never raises: what went wrong
+    is in the returned record."""
+    errors = []
+    if bed is not None and cut is not None:
+        try:
+            bed.heal(cut)
+        except Exception as err:  # noqa: BLE001 - stop the launchers whatever happened
+            errors.append(f"heal {cut}: {err}")
+    stop = stop_all(job.launchers if job else [], str(folder))
+    if bed is not None:
+        stop["namespace_leftovers"] = namespace_leftovers(bed)
+        made = bed.names()
+        try:
+            bed.close()
+        except Exception as err:  # noqa: BLE001 - reported; the next bed sweeps what is left
+            errors.append(f"closing the bed: {err}")
+        stop["bed_remains"] = sorted(made & survey().names())
+    if errors:
+        stop["errors"] = errors
+    return stop
+
+
+def leftovers(record: dict[str, Any]) -> int:
+    stop = record["stop"]
+    in_namespaces = sum(len(v) for v in stop.get("namespace_leftovers", {}).values())
+    bed = len(stop.get("bed_remains", []))
+    return len(stop["leftover_processes_sigkilled"]) + in_namespaces + bed

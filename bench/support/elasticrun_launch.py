@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.support.paths import RESULTS
 
 
 def elasticrun() -> list[str]:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.support.paths import ROOT
 
 
 def git_state() -> dict[str, Any]:

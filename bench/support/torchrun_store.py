@@ -1,6 +1,6 @@
 """torchrun's c10d rendezvous endpoint as a process of its own: a `TCPStore` server.
 
-    python -m bench.rendezvous_store [--max-seconds S]
+    python -m bench.support.torchrun_store [--max-seconds S]
 
 Prints `serving PORT` once it listens on every address (the port chosen by the system), then
 serves until SIGTERM or SIGINT, or for `--max-seconds` at most, so that no store outlives a
