@@ -1,7 +1,7 @@
 """A job under abuse: does anything outside the job stall its driver?
 
-    python -m bench.abuse                      (60 s of abuse, 2,000 silent connections a port)
-    python -m bench.abuse --seconds 15 --silent 500 --slow-bodies 100
+    python -m bench run abuse                      (60 s of abuse, 2,000 silent connections a port)
+    python -m bench run abuse --seconds 15 --silent 500 --slow-bodies 100
 
 The same 3-worker job runs twice, one phase after the other: undisturbed, then abused. A phase
 launches `elasticrun -np 3 --min-np 2 -H localhost:1,127.0.0.1:1,HOSTNAME:1` (three names of
@@ -24,7 +24,7 @@ during the phase), waits for steady training, watches the driver for 2 s at rest
   (`bench/support/driver_watch.py`);
 * at half time, one worker (rank 2, alone on its host) is SIGKILLed; its recovery is the time
   from the kill to the first step of the re-formed round at size 2 (as
-  bench/elastic_recovery.py measures it).
+  bench/recovery.py measures it).
 
 Reported per phase over the abuse window: the longest gap between two steps of one worker in
 the same round (a re-form's gap is the recovery, reported apart), the peak RSS and descriptor
@@ -60,7 +60,7 @@ from bench.support.driver_watch import DriverWatch, StatusPoller, open_file_limi
 from bench.support.local_systems import ELASTIC_WORKLOAD, make_systems, third_host
 from bench.support.machine_load import OtherLoad
 from bench.support.paths import RESULTS, ROOT
-from bench.support.provenance import git_state, load_averages
+from bench.support.provenance import command_line, git_state, load_averages
 from bench.support.step_timing import first_step, steady
 from bench.support.trial_processes import Launcher, Output, Step, TrialFailed, stop_all
 from elastic.driver.job_file import find_job
@@ -308,7 +308,8 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="the abuse's length")
     parser.add_argument("--silent", type=int, default=2000, help="silent connections a port")
@@ -321,7 +322,7 @@ def main() -> None:
         help="kill the hostile clients when the driver grows this much",
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "abuse.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     raise_open_file_limit()
     start = time.perf_counter()
     load_before = os.getloadavg()
@@ -342,7 +343,7 @@ def main() -> None:
     targets = judge(phases["undisturbed"], phases["abused"])
     doc: dict[str, Any] = {
         "benchmark": "abuse",
-        "command": " ".join(["python -m bench.abuse", *sys.argv[1:]]),
+        "command": command_line("abuse", argv),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "git": code,

@@ -1,7 +1,7 @@
 """Driver restart: SIGKILL the driver and a worker at once, start the driver again, measure the
 next completed re-rendezvous; against the same worker death with the driver alive.
 
-    python -m bench.driver_restart --trials 5
+    python -m bench run driver_restart --trials 5
 
 Real processes: `elasticrun -np 2 --min-np 1 -H localhost:2 --failure-scope worker
 --blacklist-cooldown-range 300 300 python bench/workloads/tiny_elastic.py --commit-every 1
@@ -54,7 +54,7 @@ from typing import Any
 from bench.support.local_systems import ELASTIC_WORKLOAD
 from bench.support.machine_load import OtherLoad
 from bench.support.paths import RESULTS, ROOT
-from bench.support.provenance import git_state, load_averages
+from bench.support.provenance import command_line, git_state, load_averages
 from bench.support.step_timing import summarize
 from bench.support.trial_processes import Launcher, Output, Step, TrialFailed, processes_naming
 
@@ -316,12 +316,13 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
     from tests.etcd_server import EtcdServer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logs = RESULTS / "driver_restart"
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
@@ -381,7 +382,7 @@ def main() -> None:
             ratios[f"{a}_vs_{b}"] = round(median(a) / median(b), 2)
     doc: dict[str, Any] = {
         "benchmark": "driver_restart",
-        "command": " ".join(["python -m bench.driver_restart", *sys.argv[1:]]),
+        "command": command_line("driver_restart", argv),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),

@@ -1,7 +1,7 @@
 """What a heartbeat costs the driver: a beat frame on the heartbeat port against a message on
 an open gRPC client stream (the path heartbeats took before).
 
-    python -m bench.heartbeat_transport --workers 1000 --interval 1 --out FILE
+    python -m bench run heartbeat_transport --workers 1000 --interval 1 --out FILE
 
 One server process runs, in every mode, both of these on one event loop, each with a listener
 that only counts:
@@ -52,7 +52,7 @@ from typing import Any
 
 from bench.support.child_processes import child_env, raise_open_files_limit
 from bench.support.paths import ROOT
-from bench.support.provenance import git_state
+from bench.support.provenance import command_line, git_state
 
 TOKEN = "heartbeat-transport-bench"
 MODES = ("beats", "grpc-stream", "open")
@@ -334,7 +334,8 @@ def ratio(results: list[dict[str, Any]]) -> float | None:
     return round(stream / beats, 2) if stream and beats else None
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=1000)
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between heartbeats")
@@ -345,7 +346,7 @@ def main() -> None:
     parser.add_argument("--out", metavar="FILE")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--clients", nargs=6, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.serve:
         asyncio.run(serve())
         return
@@ -360,7 +361,7 @@ def main() -> None:
     results = [trial(args, mode) for mode in args.modes]
     doc = {
         "benchmark": "heartbeat_transport",
-        "command": " ".join(["python -m bench.heartbeat_transport", *sys.argv[1:]]),
+        "command": command_line("heartbeat_transport", argv),
         "python": sys.version.split()[0],
         "grpcio": grpc.__version__,
         "cpus": os.cpu_count(),

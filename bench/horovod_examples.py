@@ -1,6 +1,6 @@
 """Horovod's own PyTorch examples under elasticrun, with only the import changed.
 
-    python -m bench.horovod_examples --examples ~/horovod --python /path/to/venv/bin/python
+    python -m bench run horovod_examples --examples ~/horovod --python /path/to/venv/bin/python
 
 `--examples` is a Horovod checkout (or any folder holding the two files below); nothing of
 Horovod's is kept in this repository. Each example is copied into a temporary folder with one

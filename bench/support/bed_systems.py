@@ -1,11 +1,11 @@
-"""The two systems as bench/multihost.py and bench/goodput.py run them on the multi-host bed,
+"""The two systems as bench/host_faults.py and bench/goodput.py run them on the multi-host bed,
 and what a trial leaves on the bed.
 
 * `ElasticrunOnBed`: the driver in the root namespace, the bed's hosts from a discovery file,
   every worker started through the bed's ssh;
 * `TorchrunOnBed`: a rendezvous store of its own in the root namespace
   (bench/support/torchrun_store.py), then one agent per host, in the host's namespace (`Bed.start`),
-  tuned as in bench/elastic_recovery.py plus what the bed needs (`torchrun_needs` says what
+  tuned as in bench/recovery.py plus what the bed needs (`torchrun_needs` says what
   and why).
 
 Both start their processes in `start()` (recorded in `launchers` as they start, so that a
@@ -66,7 +66,7 @@ def torchrun_needs(pg_timeout: float) -> list[str]:
     """What torchrun needed on the bed, each with why (the JSON's `torchrun.needed`)."""
     timeout = f"{pg_timeout:g} s" if pg_timeout else "torch's default"
     return [
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as in bench/elastic_recovery.py: without it a "
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as in bench/recovery.py: without it a "
         "restarted or new agent re-reads stale rendezvous keys and cannot join",
         "--local-addr=<the host's address>: every bed host has the machine's host name, which "
         "resolves to loopback, and torchrun hands it to the workers as MASTER_ADDR (without "
@@ -87,7 +87,7 @@ def torchrun_needs(pg_timeout: float) -> list[str]:
         "from the store blocks: in driver_partition one store call timed out after 5 s and "
         "the next one blocked until the partition healed, so the cut-off agent never gave up "
         "and torchrun never re-formed (its training went on at size 4; see not_recovered)",
-        "keep_alive_interval=1 (default 5, as in bench/elastic_recovery.py) with "
+        "keep_alive_interval=1 (default 5, as in bench/recovery.py) with "
         "keep_alive_max_attempt left at 3: a node is dropped 3 s after its last keep-alive. "
         "With 2, once here, the returning host's agent took the busy incumbents for dead and "
         "formed a second job of its own (size 1) beside them, both writing the checkpoint",

@@ -114,7 +114,7 @@ class Launcher:
 
     `start(cmd, **popen)` starts it and must put it in a new session: by default
     `subprocess.Popen` here; the multi-host bed's `Bed.start` bound to a host runs it in that
-    host's network namespace (bench/multihost.py)."""
+    host's network namespace (bench/host_faults.py)."""
 
     def __init__(
         self,

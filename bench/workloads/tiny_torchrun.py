@@ -13,7 +13,7 @@ Model, data and printed lines: `bench/workloads`.
 `--pg-timeout S` passes `timeout=S` to `init_process_group` (default: torch's, 30 minutes for
 Gloo): how long a collective may wait for a peer. A peer whose host vanished never answers
 nor closes its connections, so without it the survivors wait out torch's default before they
-fail and their agents can restart them (bench/multihost.py).
+fail and their agents can restart them (bench/host_faults.py).
 """
 
 from __future__ import annotations

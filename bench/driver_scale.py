@@ -1,7 +1,7 @@
 """How far the driver scales: 1,000 to 10,000 workers, memory and etcd, beside torch's TCPStore.
 
-    python -m bench.scale --sizes 1000,4000,10000 --backends memory,etcd --out FILE
-    python -m bench.scale --sizes 1000 --backends memory --profile driver.prof
+    python -m bench run driver_scale --sizes 1000,4000,10000 --backends memory,etcd --out FILE
+    python -m bench run driver_scale --sizes 1000 --backends memory --profile driver.prof
 
 The real driver (`elastic.driver.job.Job`: rendezvous, HTTP API, gRPC control service,
 liveness checks, with etcd the state saver) runs in a process of its own, one per trial, so
@@ -97,7 +97,7 @@ from bench.support.child_processes import child_env, raise_open_files_limit
 from bench.support.machine_load import OtherLoad, process_cpu_seconds, process_memory_mib
 from bench.support.paths import ROOT
 from bench.support.profiles import summarize_collapsed, summarize_cprofile
-from bench.support.provenance import git_state, load_averages
+from bench.support.provenance import command_line, git_state, load_averages
 from bench.support.simulated_job import Changes, ClientProcess, FakeLauncher, make_job
 from bench.support.tcpstore_rendezvous import tcpstore_rendezvous
 
@@ -374,7 +374,7 @@ class DriverProcess:
     async def start(self, argv: list[str]) -> None:
         with open(self.log_path, "wb") as log:
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bench.scale", *argv,
+                sys.executable, "-m", "bench.driver_scale", *argv,
                 cwd=ROOT, env=child_env(), stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=log, limit=1 << 24,
             )  # fmt: skip
@@ -854,7 +854,8 @@ def environment() -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 
     def sizes(text: str) -> list[int]:
@@ -900,7 +901,7 @@ def main() -> None:
     parser.add_argument("--logs", metavar="DIR", help="keep the drivers' logs here")
     parser.add_argument("--driver", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--driver-profile", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.driver:
         driver_main(args)
         return
@@ -911,7 +912,7 @@ def main() -> None:
     outcome = asyncio.run(bench(args))
     doc: dict[str, Any] = {
         "benchmark": "scale",
-        "command": " ".join(["python -m bench.scale", *sys.argv[1:]]),
+        "command": command_line("driver_scale", argv),
         **environment(),
         "open_files_limit": {"before": list(limits), "raised_to": limits[1]},
         "job": {

@@ -1,6 +1,6 @@
 """Elastic recovery: elasticrun against torchrun when a worker joins and when one dies.
 
-    python -m bench.elastic_recovery --trials 5
+    python -m bench run recovery --trials 5
 
 Every trial runs the same scenario once per system, the systems interleaved per trial (in a
 rotating order) so that machine noise hits them alike:
@@ -82,7 +82,7 @@ from bench.support.local_systems import (
     write_hosts,
 )
 from bench.support.paths import RESULTS, ROOT
-from bench.support.provenance import git_state, load_averages
+from bench.support.provenance import command_line, git_state, load_averages
 from bench.support.step_timing import first_step, incumbent_stall, milestones, steady, summarize
 from bench.support.trial_processes import (
     Launcher,
@@ -403,7 +403,8 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument(
@@ -415,7 +416,7 @@ def main() -> None:
     )
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     names = [s for s in args.systems.split(",") if s]
     if unknown := set(names) - set(SYSTEMS):
         parser.error(f"unknown systems: {sorted(unknown)}")
@@ -455,7 +456,7 @@ def main() -> None:
 
     doc: dict[str, Any] = {
         "benchmark": "elastic_recovery",
-        "command": " ".join(["python -m bench.elastic_recovery", *sys.argv[1:]]),
+        "command": command_line("recovery", argv),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),

@@ -1,7 +1,7 @@
 """Recovery across hosts: elasticrun against torchrun on the multi-host bed, when a worker
 dies, a host vanishes, a host is cut off from the driver, and a vanished host comes back.
 
-    python -m bench.multihost --trials 3 [--systems elasticrun,torchrun] [--scenarios ...]
+    python -m bench run host_faults --trials 3 [--systems elasticrun,torchrun] [--scenarios ...]
 
 As root (the bed's network namespaces); about 4-5 minutes a trial (4 scenarios x 2 systems;
 `--trials 3` took 13 minutes on 2 busy CPUs).
@@ -17,7 +17,7 @@ The systems:
   (`-np 4 --min-np 1 --max-np 4 --heartbeat-interval 0.5`), every worker started through the
   bed's ssh;
 * `torchrun`: one agent per host namespace (`bed.start`), `--nnodes=1:4 --nproc-per-node=1`,
-  tuned as in bench/elastic_recovery.py plus what the bed's faults need (`torchrun_needs`, in
+  tuned as in bench/recovery.py plus what the bed's faults need (`torchrun_needs`, in
   the JSON). Its c10d rendezvous endpoint is a TCPStore of its own in the root namespace
   (bench/support/torchrun_store.py, every agent `is_host=false`), on the driver's address: where
   elasticrun's driver is and where no fault is injected. Served by an agent on a host, the
@@ -107,7 +107,7 @@ from bench.support.local_systems import (
     TUNED_RDZV_CONF,
 )
 from bench.support.paths import ROOT
-from bench.support.provenance import git_state, load_averages
+from bench.support.provenance import command_line, git_state, load_averages
 from bench.support.step_timing import first_step, incumbent_stall, milestones, steady, summarize
 from bench.support.trial_processes import Output, Step, TrialFailed
 from tests.multihost.bed import Bed, BedUnavailable, missing_prerequisite
@@ -472,7 +472,7 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
@@ -497,7 +497,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "results" / "multihost.json", help="JSON"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for flag, names, known in (
         ("--systems", args.systems, SYSTEMS),
         ("--scenarios", args.scenarios, SCENARIOS),
@@ -511,8 +511,9 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
+    args = parse_args(argv)
     if reason := missing_prerequisite():
         sys.exit(f"multihost: no bed on this machine: {reason}")
     try:
@@ -555,7 +556,7 @@ def main() -> None:
 
     doc: dict[str, Any] = {
         "benchmark": "multihost",
-        "command": " ".join(["python -m bench.multihost", *sys.argv[1:]]),
+        "command": command_line("host_faults", argv),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
