@@ -11,7 +11,8 @@
 * the driver without real workers: simulated workers (`simulated_workers`, a process of
   their own) and the driver's side of them (`simulated_job`), torch's TCPStore clients as the
   reference (`tcpstore_rendezvous`), children's environment and limits (`child_processes`);
-* a driver watched and abused from outside (`driver_watch`, `abuse_probes`).
+* a driver watched and abused from outside (`driver_watch`, `abuse_probes`);
+* the package's private names the benchmarks reuse, named in one place (`package_internals`).
 
 Some run as processes of their own (`python -m bench.support.simulated_workers`,
 `abuse_probes`, `tcpstore_rendezvous`, `torchrun_store`): the benchmarks start them.

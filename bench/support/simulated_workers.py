@@ -180,8 +180,8 @@ class SimWorker:
     def __init__(self, spec: Command, report: Report) -> None:
         from grpc import aio
 
+        from bench.support.package_internals import worker_channel_options
         from elastic.protocol import control_pb2_grpc as pb_grpc
-        from elastic.worker.control import _CHANNEL_OPTIONS  # the worker's own options
 
         self.worker_id: str = spec["worker_id"]
         self._delay: float = spec.get("delay", 0.0)  # the process' start-up before init()
@@ -190,7 +190,7 @@ class SimWorker:
         # Each worker is its own process in reality: its own connection, no shared subchannel.
         self._channel = aio.insecure_channel(
             spec["control_address"],
-            options=[*_CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)],
+            options=[*worker_channel_options(), ("grpc.use_local_subchannel_pool", 1)],
         )
         self._stub = pb_grpc.ControlStub(self._channel)
         self._http = HttpConnection(spec["driver_url"], spec["token"])
@@ -277,8 +277,9 @@ class SimWorker:
         `Evicted`. Each retry is reported (`retry`, "<call> <code>")."""
         import grpc
 
-        from elastic.worker.control import _RETRYABLE  # the worker's own list
+        from bench.support.package_internals import worker_retryable_codes
 
+        retryable = worker_retryable_codes()  # the worker's own list
         backoff = Backoff()
         name = getattr(method, "_method", b"call").decode().rpartition("/")[2]
         while True:
@@ -288,7 +289,7 @@ class SimWorker:
                 code = err.code()
                 if code == grpc.StatusCode.NOT_FOUND:
                     raise Evicted(self.worker_id) from err
-                if code not in _RETRYABLE:
+                if code not in retryable:
                     raise
                 self._retrying(f"{name} {code.name}")
                 await backoff.wait(err)
