@@ -7,11 +7,11 @@ The same 3-worker job runs twice, one phase after the other: undisturbed, then a
 launches `elasticrun -np 3 --min-np 2 -H localhost:1,127.0.0.1:1,HOSTNAME:1` (three names of
 this machine, so that the killed worker is alone on its host; `-H localhost:2,127.0.0.1:1` where
 the hostname is no local name; `--start-timeout 120` for a loaded machine) with the
-elastic-recovery workload (`bench/workloads/tiny_elastic.py`, a step of ~20 ms of compute after
-a 50 ms sleep, so that three workers leave this machine's CPUs to the driver and the hostile
-clients; commits every 5 steps; the cooldown is 600 s so that the killed slot is not refilled
-during the phase), waits for steady training, watches the driver for 2 s at rest, then for
-`--seconds`:
+recovery benchmarks' workload (`bench/workloads/tiny_elastic.py`, a step of ~20 ms of compute
+after a 50 ms sleep, so that three workers leave this machine's CPUs to the driver and the
+hostile clients; commits every 5 steps; the cooldown is 600 s so that the killed slot is not
+refilled during the phase), waits for steady training, watches the driver for 2 s at rest, then
+for `--seconds`:
 
 * (abused phase only, each hostile client in a process of its own, `bench/support/abuse_probes.py`)
   (a) one connection floods the heartbeat port with junk frames at full speed, reopened when

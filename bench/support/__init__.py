@@ -9,11 +9,14 @@
   (`torchrun_store`), a spot trace replayed on it (`spot_trace`) and its goodput
   (`goodput_ledger`);
 * the driver without real workers: simulated workers (`simulated_workers`, a process of
-  their own) and the driver's side of them (`simulated_job`), torch's TCPStore clients as the
-  reference (`tcpstore_rendezvous`), children's environment and limits (`child_processes`);
+  their own), the driver's side of them (`simulated_job`), many such processes as one fleet
+  (`simulated_fleet`), the driver in a process of its own (`driver_process`), torch's
+  TCPStore clients as the reference (`tcpstore_rendezvous`), children's environment and
+  limits (`child_processes`);
 * a driver watched and abused from outside (`driver_watch`, `abuse_probes`);
 * the package's private names the benchmarks reuse, named in one place (`package_internals`).
 
 Some run as processes of their own (`python -m bench.support.simulated_workers`,
-`abuse_probes`, `tcpstore_rendezvous`, `torchrun_store`): the benchmarks start them.
+`driver_process`, `abuse_probes`, `tcpstore_rendezvous`, `torchrun_store`): the benchmarks
+start them.
 """

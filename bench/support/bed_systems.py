@@ -53,7 +53,7 @@ from tests.multihost.leftovers import survey
 HOSTS = 4
 HEARTBEAT = 0.5
 DISCOVERY_INTERVAL = 0.5
-COOLDOWN = (1.0, 2.0)  # elasticrun's --blacklist-cooldown-range (see NOTES in multihost)
+COOLDOWN = (1.0, 2.0)  # elasticrun's --blacklist-cooldown-range (see NOTES in bench/host_faults.py)
 START_TIMEOUT = 60  # elasticrun's --start-timeout: ssh answering and workers joining
 PG_TIMEOUT = 5.0  # the torchrun workload's init_process_group timeout (see torchrun_needs)
 # Added to TUNED_RDZV_CONF: no agent serves the store; an agent's store call gives up after

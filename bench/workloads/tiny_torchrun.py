@@ -1,4 +1,4 @@
-"""The elastic-recovery benchmark's workload for torchrun, as a typical torchrun job writes it.
+"""The recovery benchmarks' workload for torchrun, as a typical torchrun job writes it.
 
     torchrun --nnodes=1:3 --nproc-per-node=1 --rdzv-backend=c10d \\
         --rdzv-endpoint=127.0.0.1:29400 --rdzv-id=job --max-restarts=100 \\
