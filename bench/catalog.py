@@ -1,6 +1,6 @@
 """Every benchmark of the suite, the published table it makes, and how to run it.
 
-One entry per published table (the "Benchmarks" page and the few figures published elsewhere):
+One entry per published table (docs/benchmarks.md, and the few figures published elsewhere):
 its name, the module that runs it (a file of `bench/` with a `main(argv)`), the arguments of
 the published run, roughly how long that run took on this project's 2-core machine, and what
 the machine needs beyond the dev install. Two tables made by one module with different
@@ -44,46 +44,46 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "allreduce_bandwidth",
         "bench.allreduce_bandwidth",
-        "Benchmarks: hvd.allreduce vs torch.distributed.all_reduce (np 2 and 3)",
+        "docs/benchmarks.md: hvd.allreduce vs torch.distributed.all_reduce (np 2 and 3)",
         "~3 min",
         ("--reps", "6"),
     ),
     Benchmark(
         "training_step",
         "bench.training_step",
-        "Benchmarks: Training step: hvd.DistributedOptimizer vs DistributedDataParallel",
+        "docs/benchmarks.md: Training step: hvd.DistributedOptimizer vs DistributedDataParallel",
         "~3 min",
     ),
     Benchmark(
         "recovery",
         "bench.recovery",
-        "Benchmarks: Elastic recovery and scale-up: elasticrun vs torchrun",
+        "docs/benchmarks.md: Elastic recovery and scale-up: elasticrun vs torchrun",
         "~8 min",
     ),
     Benchmark(
         "watched_recovery",
         "bench.recovery",
-        "Benchmarks: Watching a job: its recovery with a scrape and a status poll every second",
+        "docs/benchmarks.md: Watching a job: its recovery, scraped and polled every second",
         "~2 min",
         ("--trials", "6", "--systems", "elasticrun,elasticrun_observed"),
     ),
     Benchmark(
         "observe_cost",
         "bench.observe_cost",
-        "Benchmarks: Watching a job: what one look costs the driver (status, page, metrics)",
+        "docs/benchmarks.md: Watching a job: what one look costs the driver",
         "~10 s",
     ),
     Benchmark(
         "host_faults",
         "bench.host_faults",
-        "Benchmarks: Hosts that vanish: elasticrun vs torchrun on the multi-host bed",
+        "docs/benchmarks.md: Hosts that vanish: elasticrun vs torchrun on the multi-host bed",
         "~13 min",
         needs="root: the multi-host bed",
     ),
     Benchmark(
         "driver_restart",
         "bench.driver_restart",
-        "Benchmarks: Surviving the driver: driver + worker killed, driver restarted",
+        "docs/benchmarks.md: Surviving the driver: driver + worker killed, driver restarted",
         "~2.5 min",
         ("--trials", "3"),
         needs="etcd",
@@ -91,28 +91,28 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "etcd_cost",
         "bench.etcd_cost",
-        "Benchmarks: Surviving the driver: etcd backend vs memory (round formation, re-form)",
+        "docs/benchmarks.md: Surviving the driver: etcd backend vs memory",
         "~3 min",
         needs="etcd",
     ),
     Benchmark(
         "durable_commit_cost",
         "bench.durable_commit_cost",
-        "Benchmarks: Durable commits: what writing commits costs training",
+        "docs/benchmarks.md: Durable commits: what writing commits costs training",
         "~3 min (GPU)",
         needs="a GPU for the published figures: add --device cuda --batch 8192 --steps 100",
     ),
     Benchmark(
         "goodput",
         "bench.goodput",
-        "Benchmarks: Goodput on a real spot trace: hours 0-4, 1 trace hour = 60 s",
+        "docs/benchmarks.md: Goodput on a real spot trace: hours 0-4, 1 trace hour = 60 s",
         "~13 min",
         needs="root: the multi-host bed",
     ),
     Benchmark(
         "goodput_half_speed",
         "bench.goodput",
-        "Benchmarks: Goodput on a real spot trace: hours 0-2, 1 trace hour = 120 s",
+        "docs/benchmarks.md: Goodput on a real spot trace: hours 0-2, 1 trace hour = 120 s",
         "~13 min",
         ("--window", "0:2", "--hour-s", "120"),
         needs="root: the multi-host bed",
@@ -120,7 +120,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "driver_scale",
         "bench.driver_scale",
-        "Benchmarks: Driver scale: 1,000-10,000 workers, beside torch's TCPStore",
+        "docs/benchmarks.md: Driver scale: 1,000-10,000 workers, beside torch's TCPStore",
         "~8 min",
         ("--sizes", "1000,4000,10000", "--out", "bench/results/scale.json"),
         needs="etcd",
@@ -128,14 +128,14 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "horovod_examples",
         "bench.horovod_examples",
-        "Benchmarks: Horovod's own examples, only the import changed",
+        "docs/benchmarks.md: Horovod's own examples, only the import changed",
         "~2.5 min",
         needs="a Horovod checkout and a Python with torchvision: --examples DIR --python PY",
     ),
     Benchmark(
         "heartbeat_transport",
         "bench.heartbeat_transport",
-        "Architecture: what a heartbeat costs the driver (figures in the text)",
+        "docs/http-api.md: what a heartbeat costs the driver (figures in the text)",
         "~1 min",
     ),
     Benchmark(
