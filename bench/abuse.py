@@ -1,19 +1,19 @@
 """A job under abuse: does anything outside the job stall its driver?
 
-    python -m bench.abuse                      (60 s of abuse, 2,000 silent connections a port)
-    python -m bench.abuse --seconds 15 --silent 500 --slow-bodies 100
+    python -m bench run abuse                      (60 s of abuse, 2,000 silent connections a port)
+    python -m bench run abuse --seconds 15 --silent 500 --slow-bodies 100
 
 The same 3-worker job runs twice, one phase after the other: undisturbed, then abused. A phase
 launches `elasticrun -np 3 --min-np 2 -H localhost:1,127.0.0.1:1,HOSTNAME:1` (three names of
 this machine, so that the killed worker is alone on its host; `-H localhost:2,127.0.0.1:1` where
 the hostname is no local name; `--start-timeout 120` for a loaded machine) with the
-elastic-recovery workload (`bench/workloads/tiny_elastic.py`, a step of ~20 ms of compute after
-a 50 ms sleep, so that three workers leave this machine's CPUs to the driver and the hostile
-clients; commits every 5 steps; the cooldown is 600 s so that the killed slot is not refilled
-during the phase), waits for steady training, watches the driver for 2 s at rest, then for
-`--seconds`:
+recovery benchmarks' workload (`bench/workloads/tiny_elastic.py`, a step of ~20 ms of compute
+after a 50 ms sleep, so that three workers leave this machine's CPUs to the driver and the
+hostile clients; commits every 5 steps; the cooldown is 600 s so that the killed slot is not
+refilled during the phase), waits for steady training, watches the driver for 2 s at rest, then
+for `--seconds`:
 
-* (abused phase only, each hostile client in a process of its own, `bench/abuse_probes.py`)
+* (abused phase only, each hostile client in a process of its own, `bench/support/abuse_probes.py`)
   (a) one connection floods the heartbeat port with junk frames at full speed, reopened when
   closed; (b) `--silent` silent connections are held on each of the HTTP, gRPC and heartbeat
   ports; (c) `--slow-bodies` unauthenticated `POST /ui/login` bodies trickle in a byte per
@@ -21,10 +21,10 @@ during the phase), waits for steady training, watches the driver for 2 s at rest
   other than the workers' (127.0.0.2, ...), as hostile peers elsewhere would;
 * the driver's resident memory (VmRSS) and descriptor count are sampled every 0.15 s, and
   `/v1/status` with the job's token is asked every 0.5 s on a fresh connection
-  (`bench/driver_watch.py`);
+  (`bench/support/driver_watch.py`);
 * at half time, one worker (rank 2, alone on its host) is SIGKILLed; its recovery is the time
   from the kill to the first step of the re-formed round at size 2 (as
-  bench/elastic_recovery.py measures it).
+  bench/recovery.py measures it).
 
 Reported per phase over the abuse window: the longest gap between two steps of one worker in
 the same round (a re-form's gap is the recovery, reported apart), the peak RSS and descriptor
@@ -55,27 +55,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.abuse_probes import Hostile, driver_ports, raise_open_file_limit, start_abuse
-from bench.driver_watch import DriverWatch, StatusPoller, open_file_limit, resident_mib
-from bench.elastic_recovery import (
-    ELASTIC_WORKLOAD,
-    Launcher,
-    Output,
-    Step,
-    TrialFailed,
-    first_step,
-    make_systems,
-    steady,
-    stop_all,
-    third_host,
-)
-from bench.machine_load import OtherLoad
-from bench.provenance import git_state, load_averages
+from bench.support.abuse_probes import Hostile, driver_ports, raise_open_file_limit, start_abuse
+from bench.support.driver_watch import DriverWatch, StatusPoller, open_file_limit, resident_mib
+from bench.support.local_systems import ELASTIC_WORKLOAD, make_systems, third_host
+from bench.support.machine_load import OtherLoad
+from bench.support.paths import RESULTS, ROOT
+from bench.support.provenance import command_line, git_state, load_averages
+from bench.support.step_timing import first_step, steady
+from bench.support.trial_processes import Launcher, Output, Step, TrialFailed, stop_all
 from elastic.driver.job_file import find_job
 
-ROOT = Path(__file__).resolve().parent.parent
 WORKER_LINE = re.compile(r"^\[\d+\]<std(out|err)>:")  # the launcher's copy of a worker's line
-RESULTS = ROOT / "bench" / "results"
 
 WORKERS = 3
 COMPUTE_S = 0.05  # each step's sleep before its ~20 ms of compute
@@ -318,7 +308,8 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="the abuse's length")
     parser.add_argument("--silent", type=int, default=2000, help="silent connections a port")
@@ -331,7 +322,7 @@ def main() -> None:
         help="kill the hostile clients when the driver grows this much",
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "abuse.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     raise_open_file_limit()
     start = time.perf_counter()
     load_before = os.getloadavg()
@@ -352,7 +343,7 @@ def main() -> None:
     targets = judge(phases["undisturbed"], phases["abused"])
     doc: dict[str, Any] = {
         "benchmark": "abuse",
-        "command": " ".join(["python -m bench.abuse", *sys.argv[1:]]),
+        "command": command_line("abuse", argv),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "git": code,

@@ -1,13 +1,15 @@
 """Allreduce bandwidth: `hvd.allreduce` against raw `torch.distributed.all_reduce`.
 
-    python -m bench.allreduce_bandwidth --np 2
+    python -m bench run allreduce_bandwidth                 (np 2, then np 3)
+    python -m bench run allreduce_bandwidth --np 2 --markdown
 
-launches `elasticrun -np N` workers running this file with `--worker`; they measure both sides
-on the same (default, Gloo) process group that `hvd.init()` creates, interleaved per size
-(A B C D A B C D ...) so that machine noise hits every side alike, and rank 0 reports the
-median time per call, algorithm bandwidth and bus bandwidth (NCCL-tests: busbw = algbw *
-2*(n-1)/n), and each side's bandwidth as a ratio of raw's. The JSON document goes to stdout
-and to bench/results/allreduce_np{N}.json; the workers' output goes to stderr.
+launches, for each `--np N`, `elasticrun -np N` workers running this file with `--worker`; they
+measure both sides on the same (default, Gloo) process group that `hvd.init()` creates,
+interleaved per size (A B C D A B C D ...) so that machine noise hits every side alike, and rank
+0 reports the median time per call, algorithm bandwidth and bus bandwidth (NCCL-tests: busbw =
+algbw * 2*(n-1)/n), and each side's bandwidth as a ratio of raw's. Each run's JSON document goes
+to bench/results/allreduce_np{N}.json and to stdout, and the published table of all runs to
+stderr (with `--markdown`, the table alone to stdout); the workers' output goes to stderr.
 
 Sides: `raw` is `dist.all_reduce(t)` (in place, Sum); `raw_copy` is
 `dist.all_reduce(t.clone())`, raw's cost of returning a new tensor; `hvd_sum` and `hvd_avg` are
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -51,13 +54,49 @@ def human(nbytes: int) -> str:
 # --- driver ---------------------------------------------------------------------------------
 
 
-def drive(args: argparse.Namespace) -> None:
-    from bench.launch import run_and_save  # the driver side only; workers never import it
+def drive(args: argparse.Namespace, argv: list[str] | None) -> None:
+    from bench.support.elasticrun_launch import run_and_save  # workers never import it
+    from bench.support.provenance import command_line
 
     worker_args = ["--reps", str(args.reps), "--target-s", str(args.target_s)]
     if args.max_bytes:
         worker_args += ["--max-bytes", str(args.max_bytes)]
-    run_and_save(__file__, f"allreduce_np{args.np}.json", args.np, worker_args, args.timeout)
+    docs = []
+    for np_ in args.np:
+        result = f"allreduce_np{np_}.json"
+        command = command_line("allreduce_bandwidth", argv)
+        docs.append(run_and_save(__file__, result, np_, worker_args, args.timeout, command))
+        if not args.markdown:
+            print(json.dumps(docs[-1], indent=2), flush=True)
+    print(markdown(docs), file=None if args.markdown else sys.stderr)
+
+
+def markdown(docs: list[dict]) -> str:
+    """The published table (README, Benchmarks) of one run per np."""
+    first = docs[0]
+    lines = [
+        f"Gloo on loopback, torch {first['torch']}, {first['cpus']} CPUs, "
+        f"{first['threads_per_rank']} thread per rank; medians of interleaved runs, rank 0.",
+        "",
+        "| np | size | raw time (us) | raw busbw | hvd `allreduce_` Sum / raw | raw clone busbw "
+        "| hvd `allreduce` Sum / raw clone | hvd `allreduce` Average / raw clone "
+        "| hvd `allreduce` Sum, check off / raw clone | the check's cost (us) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for doc in docs:
+        for r in doc["results"]:
+            raw, clone, s, a, i, u = (
+                r[k]
+                for k in ("raw", "raw_copy", "hvd_sum", "hvd_avg", "hvd_sum_inplace",
+                          "hvd_sum_unchecked")
+            )  # fmt: skip
+            lines.append(
+                f"| {doc['np']} | {r['size']} | {raw['time_us']:.0f} | {raw['busbw_GBps']:.3f} "
+                f"| {i['ratio_vs_raw']:.2f} | {clone['busbw_GBps']:.3f} "
+                f"| {s['ratio_vs_raw_copy']:.2f} | {a['ratio_vs_raw_copy']:.2f} "
+                f"| {u['ratio_vs_raw_copy']:.2f} | {s['time_us'] - u['time_us']:.0f} |"
+            )
+    return "\n".join(lines)
 
 
 # --- worker ---------------------------------------------------------------------------------
@@ -172,22 +211,28 @@ def worker(args: argparse.Namespace) -> None:
     hvd.shutdown()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--np", type=int, default=2, help="number of worker processes")
+    parser.add_argument(
+        "--np", type=int, nargs="+", default=[2, 3], help="numbers of worker processes, in turn"
+    )
     parser.add_argument("--reps", type=int, default=10, help="interleaved repetitions per size")
     parser.add_argument(
         "--target-s", type=float, default=0.25, help="seconds per repetition of one side"
     )
     parser.add_argument("--max-bytes", type=int, default=0, help="skip sizes above this")
-    parser.add_argument("--timeout", type=float, default=900, help="kill the run after this")
+    parser.add_argument("--timeout", type=float, default=900, help="kill a run after this")
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the published table, not the JSON"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result-file", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
         worker(args)
     else:
-        drive(args)
+        drive(args, argv)
 
 
 if __name__ == "__main__":

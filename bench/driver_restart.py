@@ -1,7 +1,7 @@
 """Driver restart: SIGKILL the driver and a worker at once, start the driver again, measure the
 next completed re-rendezvous; against the same worker death with the driver alive.
 
-    python -m bench.driver_restart --trials 5
+    python -m bench run driver_restart --trials 5
 
 Real processes: `elasticrun -np 2 --min-np 1 -H localhost:2 --failure-scope worker
 --blacklist-cooldown-range 300 300 python bench/workloads/tiny_elastic.py --commit-every 1
@@ -51,22 +51,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):  # run as a file: make `bench`, `elastic` and `tests` importable
-    sys.path.insert(0, str(ROOT))
-
-from bench.elastic_recovery import (  # noqa: E402
-    ELASTIC_WORKLOAD,
-    RESULTS,
-    Launcher,
-    Output,
-    Step,
-    TrialFailed,
-    processes_naming,
-    summarize,
-)
-from bench.machine_load import OtherLoad  # noqa: E402 - after the path fix above
-from bench.provenance import git_state, load_averages  # noqa: E402
+from bench.support.local_systems import ELASTIC_WORKLOAD
+from bench.support.machine_load import OtherLoad
+from bench.support.paths import RESULTS, ROOT
+from bench.support.provenance import command_line, git_state, load_averages
+from bench.support.step_timing import summarize
+from bench.support.trial_processes import Launcher, Output, Step, TrialFailed, processes_naming
 
 VARIANTS = ["etcd_restart", "etcd_worker_kill", "memory_worker_kill"]
 METRICS = ["recovery_s", "restart_to_resuming_s", "steps_lost"]
@@ -326,12 +316,13 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
     from tests.etcd_server import EtcdServer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logs = RESULTS / "driver_restart"
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
@@ -391,7 +382,7 @@ def main() -> None:
             ratios[f"{a}_vs_{b}"] = round(median(a) / median(b), 2)
     doc: dict[str, Any] = {
         "benchmark": "driver_restart",
-        "command": " ".join(["python -m bench.driver_restart", *sys.argv[1:]]),
+        "command": command_line("driver_restart", argv),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),

@@ -2,12 +2,12 @@
 torchrun on the multi-host bed, every system replaying the same hosts appearing and
 vanishing at the same moments.
 
-    python -m bench.goodput [--window 0:4] [--hour-s 60] [--hosts 8] [--notice-lead-min 2]
+    python -m bench run goodput [--window 0:4] [--hour-s 60] [--hosts 8] [--notice-lead-min 2]
 
 As root (the bed's network namespaces); about 5 minutes per system with the defaults
 (a 240 s replay, plus the bed and the launch).
 
-The trace (bench/spot_trace.py): `aws_p3_spot_availability.csv` beside the project
+The trace (bench/support/spot_trace.py): `aws_p3_spot_availability.csv` beside the project
 (../shared/data/traces; from the Parcae paper, NSDI'24: up to 32 AWS p3.2xlarge spot nodes
 over 11.4 hours). `--window FROM:TO` trace hours are replayed with one trace hour in
 `--hour-s` seconds, and 32 nodes scaled to `--hosts` bed hosts (1 slot each; 32 -> 8: four
@@ -21,7 +21,7 @@ would. The systems:
   boundary; durable commits (`--checkpoint-dir`, every `--checkpoint-every`-th commit);
 * `elasticrun_no_notice`: the same without notices: each reclaim is a host lost mid-step,
   the survivors roll back to their last in-memory commit;
-* `torchrun`: as tuned in bench/multihost.py (`bench/bed_systems.py`) but with the store's
+* `torchrun`: as tuned in bench/host_faults.py (`bench/support/bed_systems.py`) but with the store's
   default read timeout (`RDZV`); rank 0 checkpoints every `--commit-every` steps to the same
   disk; every change restarts every worker from it.
 
@@ -31,17 +31,17 @@ or checkpointing (torchrun) every `--commit-every` steps, each step first waitin
 machine's 2 CPUs still each train about as fast as alone. The replay starts once the job
 trains steadily at the window's first size.
 
-Measured (bench/goodput_ledger.py): rank 0's step lines give the useful rank-steps (a step at
-size N counts N; a step redone after a rollback counts once); the ideal is what every offered
-host would have trained at the fastest steady step time measured at its size; goodput is
-their ratio, and what was lost is split by cause (re-forms and restarts, rollbacks, hosts
-left on notice, hosts not yet in the job, slower steps, the unfinished last step). A job
-whose launchers all exited during the replay is measured as it went (`job_ended` says so).
+Measured (bench/support/goodput_ledger.py): rank 0's step lines give the useful rank-steps
+(a step at size N counts N; a step redone after a rollback counts once); the ideal is what every
+offered host would have trained at the fastest steady step time measured at its size; goodput is
+their ratio, and what was lost is split by cause (re-forms and restarts, rollbacks, hosts left on
+notice, hosts not yet in the job, slower steps, the unfinished last step). A job whose launchers all
+exited during the replay is measured as it went (`job_ended` says so).
 
 The JSON document goes to stdout and to `--out` (default bench/results/goodput.json), each
 run's transcript beside it (bench/results/goodput/); progress to stderr. After each run every
 launcher is stopped and the bed closed; leftovers are SIGKILLed and reported, as in
-bench/multihost.py.
+bench/host_faults.py.
 """
 
 from __future__ import annotations
@@ -58,37 +58,34 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):  # run as a file: make `bench`, `elastic` and `tests` importable
-    sys.path.insert(0, str(ROOT))
-
-from bench.bed_systems import ElasticrunOnBed, TorchrunOnBed  # noqa: E402
-from bench.elastic_recovery import Output, TrialFailed, first_step, steady  # noqa: E402
-from bench.goodput_ledger import (  # noqa: E402
+from bench.support.bed_systems import ElasticrunOnBed, TorchrunOnBed, clean_up, leftovers
+from bench.support.goodput_ledger import (
     CAUSES,
     StepLine,
     account,
     ideal_step_times,
     step_times,
 )
-from bench.multihost import clean_up, leftovers  # noqa: E402
-from bench.provenance import git_state, load_averages  # noqa: E402
-from bench.spot_trace import AWS_P3_TRACE, Replay, TraceError, read_trace, scale, schedule  # noqa: E402
-from tests.multihost.bed import Bed, BedUnavailable, missing_prerequisite  # noqa: E402
+from bench.support.paths import ROOT
+from bench.support.provenance import command_line, git_state, load_averages
+from bench.support.spot_trace import AWS_P3_TRACE, Replay, TraceError, read_trace, scale, schedule
+from bench.support.step_timing import first_step, steady
+from bench.support.trial_processes import Output, TrialFailed
+from tests.multihost.bed import Bed, BedUnavailable, missing_prerequisite
 
 SYSTEMS = ["elasticrun", "elasticrun_no_notice", "torchrun"]
 TARGETS = {"goodput_at_least": 0.90, "over_torchrun_at_least": 1.5}
 LAUNCH_TIMEOUT = 120.0
 STEADY_STEPS = 10
 PROGRESS_EVERY = 30.0  # s of replay between progress lines
-# torchrun's store on the root namespace, as in bench.multihost, but with the default
-# read_timeout (60 s): with bench.multihost's 5 s (for a partition, which never happens here),
+# torchrun's store on the root namespace, as in bench.host_faults, but with the default
+# read_timeout (60 s): with bench.host_faults's 5 s (for a partition, which never happens here),
 # an agent whose rank assignment took over 5 s while 8 hosts shared 2 CPUs failed, and with it
 # the whole rendezvous (closed: every later agent exits at once).
 RDZV = "is_host=false"
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", type=Path, default=AWS_P3_TRACE, help="the trace CSV")
     parser.add_argument(
@@ -113,14 +110,14 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--compute-s", type=float, default=0.1, help="per step (default 0.1)")
     parser.add_argument(
-        "--torchrun-pg-timeout", type=float, default=5.0, help="as in bench.multihost (s)"
+        "--torchrun-pg-timeout", type=float, default=5.0, help="as in bench.host_faults (s)"
     )
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
     parser.add_argument("--seed", type=int, default=0, help="which hosts are reclaimed")
     parser.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "results" / "goodput.json", help="JSON"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         low, high = (float(x) for x in args.window.split(":"))
     except ValueError:
@@ -346,8 +343,9 @@ def markdown(result: dict[str, Any], systems: list[str]) -> str:
     return "\n".join(rows)
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
+    args = parse_args(argv)
     if reason := missing_prerequisite():
         sys.exit(f"goodput: no bed on this machine: {reason}")
     try:
@@ -399,7 +397,7 @@ def main() -> None:
         record["steps"] = len(record["steps"])
     doc: dict[str, Any] = {
         "benchmark": "goodput",
-        "command": " ".join(["python -m bench.goodput", *sys.argv[1:]]),
+        "command": command_line("goodput", argv),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),

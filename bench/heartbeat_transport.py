@@ -1,7 +1,7 @@
 """What a heartbeat costs the driver: a beat frame on the heartbeat port against a message on
 an open gRPC client stream (the path heartbeats took before).
 
-    python -m bench.heartbeat_transport --workers 1000 --interval 1 --out FILE
+    python -m bench run heartbeat_transport --workers 1000 --interval 1 --out FILE
 
 One server process runs, in every mode, both of these on one event loop, each with a listener
 that only counts:
@@ -9,8 +9,8 @@ that only counts:
 * the real control service (`ControlServer`), and so its real heartbeat port (`BeatServer`,
   `elastic.protocol.beats`: a hello with the job token, then beat frames, checked and reported
   to the listener's `heartbeat` as the driver does);
-* the peer: a grpc.aio server with the control service's options (`_SERVER_OPTIONS`) and
-  token interceptor (`_TokenCheck`) serving one client-streaming method itself (the
+* the peer: a grpc.aio server with the control service's options and token interceptor
+  (`bench.support.package_internals`) serving one client-streaming method itself (the
   `Heartbeats` RPC is gone from protos/control.proto): each message, raw bytes (round and
   commit as two big-endian int64, then the worker id), is reported to the listener through the
   control service's `refusal` as the removed handler did.
@@ -20,7 +20,7 @@ every `--interval` s, spread evenly over the interval, by one transport per tria
 
 * `beats`: one TCP connection to `beat_port` per worker, a `hello_frame` once, then one
   `beat_frame` per heartbeat (the driver's path now);
-* `grpc-stream`: one grpc.aio channel per worker (the worker's `_CHANNEL_OPTIONS` and its own
+* `grpc-stream`: one grpc.aio channel per worker (the worker's channel options and its own
   subchannel pool, so its own connection), one stream on it, one message per heartbeat (the
   path before);
 * `open`: the connections of `beats` opened and the hello sent, but no beats: the cost of
@@ -50,13 +50,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):
-    sys.path.insert(0, str(ROOT))
-
-# ruff: noqa: E402 - after the path fix above
-from bench.provenance import git_state
-from bench.simulated import child_env, raise_open_files_limit
+from bench.support.child_processes import child_env, raise_open_files_limit
+from bench.support.paths import ROOT
+from bench.support.provenance import command_line, git_state
 
 TOKEN = "heartbeat-transport-bench"
 MODES = ("beats", "grpc-stream", "open")
@@ -99,8 +95,8 @@ async def start_stream_server(listener: CountingListener) -> tuple[Any, int]:
     import grpc
     from grpc import aio
 
+    from bench.support.package_internals import control_server_options, control_token_check
     from elastic.driver.control.refusals import refusal
-    from elastic.driver.control.server import _SERVER_OPTIONS, _TokenCheck
 
     async def heartbeats(
         requests: AsyncIterator[bytes], context: aio.ServicerContext[Any, Any]
@@ -119,7 +115,7 @@ async def start_stream_server(listener: CountingListener) -> tuple[Any, int]:
 
     service, _, method = STREAM_METHOD[1:].partition("/")
     handler = grpc.stream_unary_rpc_method_handler(heartbeats)  # raw bytes both ways
-    server = aio.server(interceptors=[_TokenCheck(TOKEN)], options=_SERVER_OPTIONS)
+    server = aio.server(interceptors=[control_token_check(TOKEN)], options=control_server_options())
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service, {method: handler}),)
     )
@@ -202,10 +198,10 @@ async def stream_clients(port: int, ids: list[str], interval: float, end: float)
     client stream until `end`. Returns (messages sent, streams that failed)."""
     from grpc import aio
 
-    from elastic.worker.control import _CHANNEL_OPTIONS
+    from bench.support.package_internals import worker_channel_options
 
     metadata = (("authorization", f"Bearer {TOKEN}"),)
-    options = [*_CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+    options = [*worker_channel_options(), ("grpc.use_local_subchannel_pool", 1)]
     channels = [aio.insecure_channel(f"{HOST}:{port}", options=options) for _ in ids]
     errors = 0
 
@@ -338,7 +334,8 @@ def ratio(results: list[dict[str, Any]]) -> float | None:
     return round(stream / beats, 2) if stream and beats else None
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=1000)
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between heartbeats")
@@ -349,7 +346,7 @@ def main() -> None:
     parser.add_argument("--out", metavar="FILE")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--clients", nargs=6, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.serve:
         asyncio.run(serve())
         return
@@ -364,7 +361,7 @@ def main() -> None:
     results = [trial(args, mode) for mode in args.modes]
     doc = {
         "benchmark": "heartbeat_transport",
-        "command": " ".join(["python -m bench.heartbeat_transport", *sys.argv[1:]]),
+        "command": command_line("heartbeat_transport", argv),
         "python": sys.version.split()[0],
         "grpcio": grpc.__version__,
         "cpus": os.cpu_count(),

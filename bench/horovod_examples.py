@@ -1,6 +1,6 @@
 """Horovod's own PyTorch examples under elasticrun, with only the import changed.
 
-    python -m bench.horovod_examples --examples ~/horovod --python /path/to/venv/bin/python
+    python -m bench run horovod_examples --examples ~/horovod --python /path/to/venv/bin/python
 
 `--examples` is a Horovod checkout (or any folder holding the two files below); nothing of
 Horovod's is kept in this repository. Each example is copied into a temporary folder with one
@@ -48,10 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from bench.provenance import git_state, load_averages
+from bench.support.paths import RESULTS, ROOT
+from bench.support.provenance import git_state, load_averages
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 HOSTS_FILE_SCRIPT = ROOT / "discovery_scripts" / "hosts_file.sh"
 
 HOROVOD_IMPORT = "import horovod.torch as hvd"

@@ -1,7 +1,7 @@
 """What watching a job costs the driver: one status build (on the event loop) and one
 `/metrics` text made from it (off the loop, in a thread), at several job sizes.
 
-    python -m bench.observe_cost
+    python -m bench run observe_cost
 
 For each size (workers, all members, 4 per host, each with a heartbeat's progress) it builds
 the driver's real `describe_job` status, its JSON (a page poll) and the real `JobMetrics` text
@@ -12,13 +12,14 @@ stdout and in bench/results/observe_cost.json.
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import statistics
 import time
-from pathlib import Path
 
-from bench.provenance import git_state
+from bench.support.paths import RESULTS
+from bench.support.provenance import command_line, git_state
 from elastic.driver.observe.metrics import JobMetrics
 from elastic.driver.observe.timeline import RoundTimeline
 from elastic.driver.rendezvous.rounds import Rendezvous
@@ -29,7 +30,7 @@ from elastic.protocol.http import HostStatus
 
 SIZES = (4, 100, 1000, 10000)
 PER_HOST = 4
-RESULTS = Path(__file__).resolve().parent / "results" / "observe_cost.json"
+RESULT_FILE = RESULTS / "observe_cost.json"
 
 
 def _job(size: int) -> tuple[Rendezvous, list[Worker], list[HostStatus], RoundTimeline]:
@@ -92,19 +93,21 @@ def measure(size: int) -> dict[str, float | int]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None; it takes none)."""
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     rows = [measure(size) for size in SIZES]
     doc = {
         "benchmark": "observe_cost",
-        "command": "python -m bench.observe_cost",
+        "command": command_line("observe_cost", argv),
         "python": platform.python_version(),
         "git": git_state(),
         "what": "median ms of one status build, its JSON, and one /metrics answer; "
         "microseconds of one heartbeat's progress bookkeeping",
         "sizes": rows,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(doc, indent=1))
+    RESULT_FILE.parent.mkdir(parents=True, exist_ok=True)
+    RESULT_FILE.write_text(json.dumps(doc, indent=1))
     print(json.dumps(doc, indent=1))
 
 

@@ -1,14 +1,13 @@
 """A job under abuse (issue 26): strangers on the network cannot stall the driver.
 
 One real `elasticrun` job (3 workers on loopback, memory backend) trains while hostile
-clients (`bench/abuse_probes.py`, each in a process of its own, from loopback addresses other
-than the workers') flood the heartbeat port with junk frames, hold silent connections on the
-HTTP, gRPC and heartbeat ports, trickle unauthenticated login bodies, and, once each, send an
-oversized and a cut heartbeat frame, a login body a byte a second, junk where gRPC expects its
-preface, and a request naming a foreign Host. The test checks what the job's user would:
-training goes on, `elasticrun status` answers, the driver's memory and descriptors stay bounded
-and its log readable, a foreign Host reads nothing, and `elasticrun stop` ends the job with
-exit code 0.
+clients (`bench/support/abuse_probes.py`, each in a process of its own, from loopback
+addresses other than the workers') flood the heartbeat port with junk frames, hold silent
+connections on the HTTP, gRPC and heartbeat ports, trickle unauthenticated login bodies, and, once
+each, send an oversized and a cut heartbeat frame, a login body a byte a second, junk where gRPC
+expects its preface, and a request naming a foreign Host. The test checks what the job's user would:
+training goes on, `elasticrun status` answers, the driver's memory and descriptors stay bounded and
+its log readable, a foreign Host reads nothing, and `elasticrun stop` ends the job with exit code 0.
 
 The driver is started with a soft limit of 1,024 open files (a common default; the driver
 may raise its own): a driver that bounds nothing before authentication and keeps that limit
@@ -34,7 +33,7 @@ from typing import TypeVar
 
 import pytest
 
-from bench.abuse_probes import (
+from bench.support.abuse_probes import (
     Hostile,
     cut_frame,
     driver_ports,
@@ -44,8 +43,9 @@ from bench.abuse_probes import (
     slow_body,
     start_abuse,
 )
-from bench.driver_watch import DriverWatch, open_file_limit, resident_mib
-from bench.elastic_recovery import ELASTIC_WORKLOAD, LINE
+from bench.support.driver_watch import DriverWatch, open_file_limit, resident_mib
+from bench.support.local_systems import ELASTIC_WORKLOAD
+from bench.support.trial_processes import LINE
 from elastic.driver.job_file import find_job
 from tests.conftest import ELASTICRUN, RunningJob
 

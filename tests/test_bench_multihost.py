@@ -1,5 +1,5 @@
-"""bench/multihost.py runs end to end: one trial of one scenario (a worker SIGKILLed), elasticrun
-only, on a bed of 4 hosts.
+"""`python -m bench run host_faults` runs end to end: one trial of one scenario (a worker
+SIGKILLed), elasticrun only, on a bed of 4 hosts.
 
 The figures themselves are not judged here (the machine may be busy), only that the script
 builds its bed, measures a recovery from the workers' step lines, leaves nothing running in
@@ -27,8 +27,8 @@ def test_multihost_bench_measures_a_worker_kill(tmp_path: Path) -> None:
         pytest.skip(reason)
     out = tmp_path / "multihost.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.multihost", "--trials", "1", "--systems", "elasticrun",
-         "--scenarios", "worker_kill", "--out", str(out)],
+        [sys.executable, "-m", "bench", "run", "host_faults", "--trials", "1",
+         "--systems", "elasticrun", "--scenarios", "worker_kill", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=140,
     )  # fmt: skip
     if "no bed on this machine" in done.stderr:

@@ -1,8 +1,8 @@
 """The scale benchmark runs end to end at a tiny size and writes every figure it promises.
 
-`python -m bench.scale` with 20 simulated workers and the memory backend (a real driver in its
-own process, two client processes), and `bench.tcpstore_rendezvous` with 20 TCPStore clients;
-the figures themselves are not judged here, only that they are there.
+`python -m bench run driver_scale` with 20 simulated workers and the memory backend (a real
+driver in its own process, two client processes), and `bench.support.tcpstore_rendezvous` with
+20 TCPStore clients; the figures themselves are not judged here, only that they are there.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ def test_scale_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     done = subprocess.run(
         [
-            sys.executable, "-m", "bench.scale", "--sizes", "20", "--backends", "memory",
-            "--no-tcpstore", "--client-processes", "2", "--idle-seconds", "1",
-            "--death-fraction", "0.1", "--out", str(out),
+            sys.executable, "-m", "bench", "run", "driver_scale",
+            "--sizes", "20", "--backends", "memory", "--no-tcpstore", "--client-processes", "2",
+            "--idle-seconds", "1", "--death-fraction", "0.1", "--out", str(out),
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -51,7 +51,7 @@ def test_scale_writes_every_figure(tmp_path: Path) -> None:
 
 
 def test_tcpstore_reference_times_a_rendezvous() -> None:
-    from bench.tcpstore_rendezvous import tcpstore_rendezvous
+    from bench.support.tcpstore_rendezvous import tcpstore_rendezvous
 
     record = asyncio.run(tcpstore_rendezvous(20, 2, timeout=60))
     assert record["ok"], record

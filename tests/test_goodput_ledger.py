@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.goodput_ledger import (
+from bench.support.goodput_ledger import (
     StepLine,
     account,
     ideal_step_times,
     on_lineage,
     step_times,
 )
-from bench.spot_trace import AWS_P3_TRACE, Change, TraceError, read_trace, scale, schedule
+from bench.support.spot_trace import AWS_P3_TRACE, Change, TraceError, read_trace, scale, schedule
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -1,4 +1,4 @@
-"""Tiny training workloads for `bench/elastic_recovery.py`: one for elasticrun, one for torchrun.
+"""Tiny training workloads for `bench/recovery.py`: one for elasticrun, one for torchrun.
 
 Both train the same small MLP (64 -> 768 -> 768 -> 768 -> 1, ~1.2M parameters) on the same
 synthetic regression data with plain SGD, `BATCH` samples per rank and step (about 20 ms of

@@ -1,4 +1,4 @@
-"""The elastic-recovery benchmark's workload for elasticrun, in Horovod Elastic's style.
+"""The recovery benchmarks' workload for elasticrun, in Horovod Elastic's style.
 
     elasticrun -np 2 --min-np 1 --max-np 3 \\
         --host-discovery-script discovery_scripts/hosts_file.sh --discovery-interval 0.2 \\

@@ -1,4 +1,4 @@
-"""The elastic-recovery benchmark's workload for torchrun, as a typical torchrun job writes it.
+"""The recovery benchmarks' workload for torchrun, as a typical torchrun job writes it.
 
     torchrun --nnodes=1:3 --nproc-per-node=1 --rdzv-backend=c10d \\
         --rdzv-endpoint=127.0.0.1:29400 --rdzv-id=job --max-restarts=100 \\
@@ -13,7 +13,7 @@ Model, data and printed lines: `bench/workloads`.
 `--pg-timeout S` passes `timeout=S` to `init_process_group` (default: torch's, 30 minutes for
 Gloo): how long a collective may wait for a peer. A peer whose host vanished never answers
 nor closes its connections, so without it the survivors wait out torch's default before they
-fail and their agents can restart them (bench/multihost.py).
+fail and their agents can restart them (bench/host_faults.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The goodput benchmark runs end to end on a tiny trace and writes every figure it promises.
 
-`python -m bench.goodput` on a made-up trace (3 hosts: one reclaimed with a notice, then
+`python -m bench run goodput` on a made-up trace (3 hosts: one reclaimed with a notice, then
 allocated again, in a 12 s replay), elasticrun only; the figures themselves are not judged
 here, only that they are there and add up. Needs what the bed needs (root, namespaces,
 sshd); skips with one line saying why elsewhere.
@@ -30,9 +30,9 @@ def test_goodput_writes_every_figure(tmp_path: Path) -> None:
     trace.write_text(TRACE)
     done = subprocess.run(
         [
-            sys.executable, "-m", "bench.goodput", "--trace", str(trace), "--window", "0:1",
-            "--hour-s", "12", "--hosts", "3", "--notice-lead-min", "10",
-            "--systems", "elasticrun", "--out", str(out),
+            sys.executable, "-m", "bench", "run", "goodput",
+            "--trace", str(trace), "--window", "0:1", "--hour-s", "12", "--hosts", "3",
+            "--notice-lead-min", "10", "--systems", "elasticrun", "--out", str(out),
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=280,
     )  # fmt: skip

@@ -6,7 +6,7 @@ faults act on the wire (tests/multihost/bed.py): nothing tells anyone, as when a
 instance disappears. Each worker appends its step lines (with the wall-clock time its
 allreduce returned) to a side file, which is how the tests see training go on.
 
-Times printed here are what one run measured; `bench/multihost.py` measures them properly.
+Times printed here are what one run measured; `bench/host_faults.py` measures them properly.
 The tests assert what a user would check: training goes on at the right size, long before
 any timeout, every sample is trained exactly once per epoch, nothing is left running.
 """

@@ -1,10 +1,10 @@
 """torchrun's c10d rendezvous endpoint as a process of its own: a `TCPStore` server.
 
-    python -m bench.rendezvous_store [--max-seconds S]
+    python -m bench.support.torchrun_store [--max-seconds S]
 
 Prints `serving PORT` once it listens on every address (the port chosen by the system), then
 serves until SIGTERM or SIGINT, or for `--max-seconds` at most, so that no store outlives a
-benchmark that was itself killed. `bench/multihost.py` runs it in the multi-host bed's root
+benchmark that was itself killed. `bench/host_faults.py` runs it in the multi-host bed's root
 namespace, where no fault is injected, and starts every torchrun agent with
 `--rdzv-conf is_host=false`: no agent serves the store, so no host that vanishes takes the
 rendezvous state with it (left to itself, the agent on the endpoint's host would serve it).

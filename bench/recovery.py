@@ -1,6 +1,6 @@
 """Elastic recovery: elasticrun against torchrun when a worker joins and when one dies.
 
-    python -m bench.elastic_recovery --trials 5
+    python -m bench run recovery --trials 5
 
 Every trial runs the same scenario once per system, the systems interleaved per trial (in a
 rotating order) so that machine noise hits them alike:
@@ -56,54 +56,52 @@ stdout and to bench/results/elastic_recovery.json; progress goes to stderr.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import random
-import re
 import shutil
 import signal
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from bench.provenance import git_state, load_averages
-
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-ELASTIC_WORKLOAD = ROOT / "bench" / "workloads" / "tiny_elastic.py"
-TORCHRUN_WORKLOAD = ROOT / "bench" / "workloads" / "tiny_torchrun.py"
-HOSTS_FILE_SCRIPT = ROOT / "discovery_scripts" / "hosts_file.sh"
+from bench.support.local_systems import (
+    COMMIT_EVERY,
+    ELASTIC_WORKLOAD,
+    TORCHRUN_WORKLOAD,
+    TUNED_MONITOR_INTERVAL,
+    TUNED_RDZV_CONF,
+    System,
+    make_systems,
+    third_host,
+    write_hosts,
+)
+from bench.support.paths import RESULTS, ROOT
+from bench.support.provenance import command_line, git_state, load_averages
+from bench.support.step_timing import first_step, incumbent_stall, milestones, steady, summarize
+from bench.support.trial_processes import (
+    Launcher,
+    Output,
+    TrialFailed,
+    free_port,
+    stop_all,
+)
 
 SYSTEMS = ["elasticrun", "elasticrun_observed", "torchrun_tuned", "torchrun_default"]
 WATCH_EVERY = 1.0  # seconds between two scrapes, and between two status fetches
-TUNED_RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,join_timeout=60"
-TUNED_MONITOR_INTERVAL = "0.1"
-COMMIT_EVERY = 5
-WORKER_MAX_SECONDS = 240.0  # the workers' safety timer: no worker outlives a killed benchmark
 
 # Timeouts (s) of the waits of one trial.
 LAUNCH_TIMEOUT = 90.0  # torchrun's default last call alone is 30 s
 STEADY_TIMEOUT = 30.0
 SCALE_UP_TIMEOUT = 60.0
 RECOVERY_TIMEOUT = 60.0
-STOP_TIMEOUT = 15.0  # SIGTERM to SIGKILL for the launchers
-LEFTOVER_TIMEOUT = 5.0  # launchers gone: how long their workers may take to go too
 STEADY_STEPS = 10  # steps to see at a size before acting
 
-LINE = re.compile(r"\b(step|enter) (\d+) size (\d+) rank (\d+) pid (\d+) t (\d+\.\d+)")
-STAMP = re.compile(r"\bt (\d{9,}\.\d+)")
-PID = re.compile(r"\bpid (\d+)")
 
 # Milestones of each phase: (label, pattern, stamp). "worker" lines carry their own
 # time.time() stamp; "arrival" lines (the launchers' logs) are stamped when read here.
@@ -163,261 +161,6 @@ METRICS = [
 ]
 
 
-class TrialFailed(Exception):
-    pass
-
-
-@dataclass
-class Step:
-    kind: str  # "step" or "enter"
-    step: int
-    size: int
-    rank: int
-    pid: int
-    t: float
-
-
-@dataclass
-class Line:
-    source: str
-    text: str
-    arrived: float  # time.time() when read here
-    stamp: float | None  # the worker's own time.time(), when the line carries one
-
-
-class Output:
-    """The lines of one trial's processes, parsed as they arrive (reader threads feed it)."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.lines: list[Line] = []
-        self.steps: list[Step] = []  # "step" lines
-        self.enters: list[Step] = []  # "enter" lines
-
-    def feed(self, source: str, text: str) -> None:
-        arrived = time.time()
-        stamp = STAMP.search(text)
-        with self.cond:
-            self.lines.append(Line(source, text, arrived, float(stamp[1]) if stamp else None))
-            if match := LINE.search(text):
-                kind, step, size, rank, pid, t = match.groups()
-                parsed = Step(kind, int(step), int(size), int(rank), int(pid), float(t))
-                (self.steps if kind == "step" else self.enters).append(parsed)
-            self.cond.notify_all()
-
-    def wait(
-        self,
-        what: str,
-        predicate: Callable[[Output], Any],
-        timeout: float,
-        launchers: list[Launcher],
-    ) -> Any:
-        """Return the first true value of `predicate(self)` (called under the lock, at every
-        line); raise `TrialFailed` after `timeout` s or when every launcher has exited."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while True:
-                if value := predicate(self):
-                    return value
-                if launchers and all(p.process.poll() is not None for p in launchers):
-                    codes = [p.process.returncode for p in launchers]
-                    raise TrialFailed(f"waiting for {what}: every launcher exited {codes}")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TrialFailed(f"waiting for {what}: nothing within {timeout:g} s")
-                self.cond.wait(min(remaining, 0.5))
-
-    def transcript(self, since: float) -> str:
-        with self.cond:
-            return "\n".join(
-                f"{line.arrived - since:9.3f} {line.source}: {line.text}" for line in self.lines
-            )
-
-
-def _in_new_session(cmd: list[str], **popen: Any) -> subprocess.Popen[bytes]:
-    # A new session: a Ctrl-C on the benchmark reaches only the benchmark.
-    return subprocess.Popen(cmd, start_new_session=True, **popen)
-
-
-class Launcher:
-    """One process started by the benchmark (elasticrun's driver, a torchrun agent), in its
-    own session, with its output read line by line into `output`.
-
-    `start(cmd, **popen)` starts it and must put it in a new session: by default
-    `subprocess.Popen` here; the multi-host bed's `Bed.start` bound to a host runs it in that
-    host's network namespace (bench/multihost.py)."""
-
-    def __init__(
-        self,
-        name: str,
-        cmd: list[str],
-        env: dict[str, str],
-        output: Output,
-        cwd: Path,
-        start: Callable[..., subprocess.Popen[bytes]] = _in_new_session,
-    ) -> None:
-        self.name = name
-        self.cmd = cmd
-        self.started = time.time()
-        self.process = start(
-            cmd,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for stream in (self.process.stdout, self.process.stderr):
-            threading.Thread(target=self._read, args=(stream, output), daemon=True).start()
-
-    def _read(self, stream: IO[bytes] | None, output: Output) -> None:
-        assert stream is not None
-        for raw in stream:
-            output.feed(self.name, raw.decode(errors="replace").rstrip("\n"))
-
-
-# --- processes ------------------------------------------------------------------------------
-
-
-def _state(pid: int | str) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return None
-
-
-def processes_naming(marker: str) -> dict[int, str]:
-    """Live (non-zombie) processes other than this one whose command line contains `marker`."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if any(marker in arg for arg in argv) and _state(entry.name) not in (None, "Z"):
-            found[int(entry.name)] = " ".join(argv).strip()
-    return found
-
-
-def stop_all(launchers: list[Launcher], marker: str) -> dict[str, Any]:
-    """SIGTERM every launcher, SIGKILL those left after STOP_TIMEOUT; then make sure no process
-    naming `marker` is left (SIGKILL and report any)."""
-    start = time.monotonic()
-    for launcher in launchers:
-        if launcher.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                launcher.process.send_signal(signal.SIGTERM)
-    killed = []
-    for launcher in launchers:
-        remaining = max(0.1, STOP_TIMEOUT - (time.monotonic() - start))
-        try:
-            launcher.process.wait(remaining)
-        except subprocess.TimeoutExpired:
-            killed.append(launcher.name)
-            launcher.process.kill()
-            launcher.process.wait(5)
-    stopped_s = time.monotonic() - start
-    deadline = time.monotonic() + LEFTOVER_TIMEOUT
-    while (left := processes_naming(marker)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return {
-        "stop_s": round(stopped_s, 2),
-        "exit_codes": {launcher.name: launcher.process.returncode for launcher in launchers},
-        "launchers_sigkilled": killed,
-        "leftover_processes_sigkilled": [f"{pid}: {argv}" for pid, argv in left.items()],
-    }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def third_host() -> tuple[str, str]:
-    """The discovery line added at scale-up, and why: this machine's hostname if it resolves
-    to a local address (a third distinct host name), else `localhost:2`."""
-    from elastic.driver.launch.network import is_local, local_addresses
-
-    name = socket.gethostname()
-    try:
-        if name not in ("localhost", "127.0.0.1") and is_local(name, local_addresses()):
-            return f"{name}:1", f"the hostname {name!r} resolves to a local address"
-    except Exception as err:  # noqa: BLE001 - any failure means: not usable
-        return "localhost:2", f"the hostname {name!r} is not usable ({err})"
-    return "localhost:2", f"the hostname {name!r} is not a third local name"
-
-
-def write_hosts(path: Path, lines: list[str]) -> None:
-    staged = path.with_suffix(".new")
-    staged.write_text("".join(f"{line}\n" for line in lines))
-    staged.replace(path)  # atomic: the discovery script never reads half a file
-
-
-# --- one system's scenario ------------------------------------------------------------------
-
-
-@dataclass
-class System:
-    """How to launch and grow one system; `kind` is "elasticrun" or "torchrun"."""
-
-    name: str
-    kind: str
-    env: dict[str, str]
-    torchrun_extra: list[str] = field(default_factory=list)
-    observed: bool = False  # an operator scrapes its metrics and polls its status meanwhile
-
-    def elasticrun_cmd(self, folder: Path) -> list[str]:
-        exe = shutil.which("elasticrun")
-        return [
-            *([exe] if exe else [sys.executable, "-m", "elastic.driver.cli"]),
-            "-np", "2", "--min-np", "1", "--max-np", "3",
-            "--host-discovery-script", str(HOSTS_FILE_SCRIPT),
-            "--discovery-interval", "0.2", "--failure-scope", "worker",
-            sys.executable, str(ELASTIC_WORKLOAD), *worker_args(folder),
-        ]  # fmt: skip
-
-    def torchrun_cmd(self, folder: Path, port: int, run_id: str) -> list[str]:
-        exe = shutil.which("torchrun")
-        return [
-            *([exe] if exe else [sys.executable, "-m", "torch.distributed.run"]),
-            "--nnodes=1:3", "--nproc-per-node=1",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
-            "--max-restarts=1000",
-            *self.torchrun_extra,
-            str(TORCHRUN_WORKLOAD), *worker_args(folder),
-        ]  # fmt: skip
-
-
-def worker_args(folder: Path, max_seconds: float = WORKER_MAX_SECONDS) -> list[str]:
-    """The workloads' arguments (both systems, and the multi-host benchmark's); `max_seconds`
-    is the workers' safety timer."""
-    return ["--out", str(folder), "--commit-every", str(COMMIT_EVERY),
-            "--max-seconds", str(max_seconds)]  # fmt: skip
-
-
-def make_systems() -> dict[str, System]:
-    base = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    # LOGLEVEL=INFO: the agents log their rendezvous rounds and restarts (milestones)
-    torch_env = dict(base, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", LOGLEVEL="INFO")
-    return {
-        "elasticrun": System("elasticrun", "elasticrun", base),
-        "elasticrun_observed": System("elasticrun_observed", "elasticrun", base, observed=True),
-        "torchrun_tuned": System(
-            "torchrun_tuned",
-            "torchrun",
-            torch_env,
-            [f"--rdzv-conf={TUNED_RDZV_CONF}", f"--monitor-interval={TUNED_MONITOR_INTERVAL}"],
-        ),
-        "torchrun_default": System("torchrun_default", "torchrun", torch_env),
-    }
-
-
 class Watcher:
     """An operator watching a job: from its job file in `runtime`, every `WATCH_EVERY` s one
     scrape of `/metrics` and one fetch of `/v1/status` with the token, until `stop()`."""
@@ -457,68 +200,6 @@ class Watcher:
         self._thread.join(15)
         return {"requests": self.requests, "failures": self.failures,
                 "slowest_answer_s": round(self.slowest, 4)}  # fmt: skip
-
-
-def first_step(steps: list[Step], accept: Callable[[Step], bool]) -> Step | None:
-    return next((s for s in steps if accept(s)), None)
-
-
-def steady(size: int, after: Step, count: int) -> Callable[[Output], Step | None]:
-    """At least `count` steps past `after` at `size`, rank 1 among them: the latest line of
-    rank 1 at `size`."""
-
-    def check(out: Output) -> Step | None:
-        mine = [s for s in out.steps if s.size == size and s.t >= after.t]
-        if mine and max(s.step for s in mine) >= after.step + count:
-            return next((s for s in reversed(mine) if s.rank == 1), None)
-        return None
-
-    return check
-
-
-def milestones(
-    out: Output, spec: list[tuple[str, str, str]], since: float, old_pids: set[int] = frozenset()
-) -> dict[str, float | None]:
-    """Seconds from `since` to the first line after it matching each milestone's pattern,
-    ignoring the lines of workers in `old_pids` (a group that torchrun restarts)."""
-    found: dict[str, float | None] = {}
-    with out.cond:
-        lines = list(out.lines)
-    for label, pattern, stamp in spec:
-        regex = re.compile(pattern)
-        when = None
-        for line in lines:
-            t = line.stamp if stamp == "worker" and line.stamp is not None else line.arrived
-            pid = PID.search(line.text)
-            if pid and int(pid[1]) in old_pids:
-                continue
-            if t >= since and regex.search(line.text):
-                when = round(t - since, 3)
-                break
-        found[label] = when
-    return found
-
-
-def incumbent_stall(out: Output, t_add: float, size: int = 3) -> tuple[float | None, float | None]:
-    """(longest gap between consecutive steps of the incumbents' ranks 0 .. size - 2 from
-    their last step before `t_add` to their first step at `size`, median gap at `size` - 1
-    before `t_add`)."""
-    worst, gaps_before = None, []
-    with out.cond:
-        steps = list(out.steps)
-    for rank in range(size - 1):
-        times = sorted(s.t for s in steps if s.rank == rank)
-        grown = first_step(steps, lambda s, r=rank: s.size == size and s.rank == r and s.t >= t_add)
-        before = [t for t in times if t < t_add]
-        if grown is None or not before:
-            continue
-        window = [t for t in times if before[-1] <= t <= grown.t]
-        gap = max(b - a for a, b in zip(window, window[1:], strict=False))
-        worst = gap if worst is None else max(worst, gap)
-        small = [s.t for s in steps if s.rank == rank and s.size == size - 1 and s.t < t_add]
-        small = sorted(small)[-40:]
-        gaps_before += [b - a for a, b in zip(small, small[1:], strict=False)]
-    return worst, (statistics.median(gaps_before) if gaps_before else None)
 
 
 def scale_up(
@@ -664,15 +345,6 @@ def run_trial(system: System, folder: Path, rng: random.Random, add_line: str) -
 # --- the benchmark --------------------------------------------------------------------------
 
 
-def summarize(values: list[float]) -> dict[str, float | int]:
-    return {
-        "median": round(statistics.median(values), 3),
-        "min": round(min(values), 3),
-        "max": round(max(values), 3),
-        "n": len(values),
-    }
-
-
 def summarize_system(records: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in records if r["ok"]]
     metrics = {}
@@ -731,7 +403,8 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument(
@@ -743,7 +416,7 @@ def main() -> None:
     )
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     names = [s for s in args.systems.split(",") if s]
     if unknown := set(names) - set(SYSTEMS):
         parser.error(f"unknown systems: {sorted(unknown)}")
@@ -783,7 +456,7 @@ def main() -> None:
 
     doc: dict[str, Any] = {
         "benchmark": "elastic_recovery",
-        "command": " ".join(["python -m bench.elastic_recovery", *sys.argv[1:]]),
+        "command": command_line("recovery", argv),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),

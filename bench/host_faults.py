@@ -1,7 +1,7 @@
 """Recovery across hosts: elasticrun against torchrun on the multi-host bed, when a worker
 dies, a host vanishes, a host is cut off from the driver, and a vanished host comes back.
 
-    python -m bench.multihost --trials 3 [--systems elasticrun,torchrun] [--scenarios ...]
+    python -m bench run host_faults --trials 3 [--systems elasticrun,torchrun] [--scenarios ...]
 
 As root (the bed's network namespaces); about 4-5 minutes a trial (4 scenarios x 2 systems;
 `--trials 3` took 13 minutes on 2 busy CPUs).
@@ -17,9 +17,9 @@ The systems:
   (`-np 4 --min-np 1 --max-np 4 --heartbeat-interval 0.5`), every worker started through the
   bed's ssh;
 * `torchrun`: one agent per host namespace (`bed.start`), `--nnodes=1:4 --nproc-per-node=1`,
-  tuned as in bench/elastic_recovery.py plus what the bed's faults need (`torchrun_needs`, in
+  tuned as in bench/recovery.py plus what the bed's faults need (`torchrun_needs`, in
   the JSON). Its c10d rendezvous endpoint is a TCPStore of its own in the root namespace
-  (bench/rendezvous_store.py, every agent `is_host=false`), on the driver's address: where
+  (bench/support/torchrun_store.py, every agent `is_host=false`), on the driver's address: where
   elasticrun's driver is and where no fault is injected. Served by an agent on a host, the
   store would die with that host, and torchrun could not recover at all.
 
@@ -83,11 +83,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):  # run as a file: make `bench`, `elastic` and `tests` importable
-    sys.path.insert(0, str(ROOT))
-
-from bench.bed_systems import (  # noqa: E402
+from bench.support.bed_systems import (
     COOLDOWN,
     DISCOVERY_INTERVAL,
     HEARTBEAT,
@@ -98,29 +94,23 @@ from bench.bed_systems import (  # noqa: E402
     SYSTEM_CLASSES,
     ElasticrunOnBed,
     TorchrunOnBed,
+    clean_up,
     host_of,
-    namespace_leftovers,
+    leftovers,
     torchrun_needs,
 )
-from bench.elastic_recovery import (  # noqa: E402 - after the path fix above
+from bench.support.local_systems import (
     COMMIT_EVERY,
     ELASTIC_WORKLOAD,
     TORCHRUN_WORKLOAD,
     TUNED_MONITOR_INTERVAL,
     TUNED_RDZV_CONF,
-    Output,
-    Step,
-    TrialFailed,
-    first_step,
-    incumbent_stall,
-    milestones,
-    steady,
-    stop_all,
-    summarize,
 )
-from bench.provenance import git_state, load_averages  # noqa: E402
-from tests.multihost.bed import Bed, BedUnavailable, missing_prerequisite  # noqa: E402
-from tests.multihost.leftovers import survey  # noqa: E402
+from bench.support.paths import ROOT
+from bench.support.provenance import command_line, git_state, load_averages
+from bench.support.step_timing import first_step, incumbent_stall, milestones, steady, summarize
+from bench.support.trial_processes import Output, Step, TrialFailed
+from tests.multihost.bed import Bed, BedUnavailable, missing_prerequisite
 
 SYSTEMS = ["elasticrun", "torchrun"]
 SCENARIOS = ["worker_kill", "host_vanish", "driver_partition", "host_return", "worker_sigterm"]
@@ -417,42 +407,7 @@ def run_trial(
     return record
 
 
-def clean_up(
-    folder: Path, bed: Bed | None, job: ElasticrunOnBed | TorchrunOnBed | None, cut: str | None
-) -> dict[str, Any]:
-    """After a trial: heal the `cut` host (partitions end; elasticrun then tells the stale
-    worker to go), stop every launcher, check that nothing is left in the root namespace
-    (`stop_all`: no process names the trial's folder) nor in the hosts, and close the bed,
-    checking that its namespaces, links and nft table are gone. Never raises: what went wrong
-    is in the returned record."""
-    errors = []
-    if bed is not None and cut is not None:
-        try:
-            bed.heal(cut)
-        except Exception as err:  # noqa: BLE001 - stop the launchers whatever happened
-            errors.append(f"heal {cut}: {err}")
-    stop = stop_all(job.launchers if job else [], str(folder))
-    if bed is not None:
-        stop["namespace_leftovers"] = namespace_leftovers(bed)
-        made = bed.names()
-        try:
-            bed.close()
-        except Exception as err:  # noqa: BLE001 - reported; the next bed sweeps what is left
-            errors.append(f"closing the bed: {err}")
-        stop["bed_remains"] = sorted(made & survey().names())
-    if errors:
-        stop["errors"] = errors
-    return stop
-
-
 # --- the benchmark --------------------------------------------------------------------------
-
-
-def leftovers(record: dict[str, Any]) -> int:
-    stop = record["stop"]
-    in_namespaces = sum(len(v) for v in stop.get("namespace_leftovers", {}).values())
-    bed = len(stop.get("bed_remains", []))
-    return len(stop["leftover_processes_sigkilled"]) + in_namespaces + bed
 
 
 def summarize_cell(scenario: str, system: str, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -517,7 +472,7 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
@@ -542,7 +497,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "results" / "multihost.json", help="JSON"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for flag, names, known in (
         ("--systems", args.systems, SYSTEMS),
         ("--scenarios", args.scenarios, SCENARIOS),
@@ -556,8 +511,9 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
+    args = parse_args(argv)
     if reason := missing_prerequisite():
         sys.exit(f"multihost: no bed on this machine: {reason}")
     try:
@@ -600,7 +556,7 @@ def main() -> None:
 
     doc: dict[str, Any] = {
         "benchmark": "multihost",
-        "command": " ".join(["python -m bench.multihost", *sys.argv[1:]]),
+        "command": command_line("host_faults", argv),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
@@ -623,8 +579,8 @@ def main() -> None:
             "blacklist_cooldown_range_s": list(COOLDOWN),
         },
         "torchrun": {
-            "rdzv_endpoint": "a TCPStore process of its own (bench/rendezvous_store.py) in the "
-            "root namespace, on the driver's address, where no fault is injected; no agent "
+            "rdzv_endpoint": "a TCPStore process of its own (bench/support/torchrun_store.py) in "
+            "the root namespace, on the driver's address, where no fault is injected; no agent "
             "serves it (is_host=false). On a host, it would die with the host, and torchrun "
             "could not recover at all",
             "rdzv_conf": f"{TUNED_RDZV_CONF},{RDZV_ON_BED}",

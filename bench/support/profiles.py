@@ -1,4 +1,5 @@
-"""Where a profiled process spent its time, from cProfile stats or py-spy's collapsed stacks.
+"""Where a profiled process spent its time, from cProfile stats or py-spy's collapsed stacks
+(`PySpy` records those of a running process).
 
 Both summaries group time by *area*: this project's modules by file (`elastic/driver/job.py`),
 other code by its top-level package (`grpc`, `uvicorn`, `asyncio`, ...), and the event loop
@@ -7,8 +8,11 @@ waiting for something to do as `idle (epoll wait)` so that it is not mistaken fo
 
 from __future__ import annotations
 
+import math
 import pstats
 import re
+import signal
+import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -122,3 +126,28 @@ def summarize_collapsed(path: str | Path, top: int = 25) -> dict[str, Any]:
             for name, samples in leaves.most_common(top)
         ],
     }
+
+
+class PySpy:
+    """py-spy sampling a process into a raw collapsed-stack file until `stop()` (or for
+    `duration` seconds); `native`: with the C frames (grpc's Cython, libc), which pauses the
+    process at each sample."""
+
+    native = False  # `--py-spy-native`, for every sampler of the run
+
+    def __init__(self, pid: int, out: str, duration: float | None = None) -> None:
+        limit = ["--duration", str(math.ceil(duration))] if duration else []
+        how = ["--native"] if self.native else ["--nonblocking"]
+        self._process = subprocess.Popen(
+            ["py-spy", "record", "--pid", str(pid), "--rate", "100", *how,
+             "--format", "raw", "--output", out, *limit],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        self._process.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        try:
+            self._process.wait(30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()

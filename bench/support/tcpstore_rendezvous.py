@@ -1,6 +1,6 @@
 """The reference a driver's rendezvous is held against: N clients meeting at torch's TCPStore.
 
-    python -m bench.tcpstore_rendezvous --sizes 1000,4000,10000
+    python -m bench.support.tcpstore_rendezvous --sizes 1000,4000,10000
 
 torchrun's c10d rendezvous keeps its state in a `torch.distributed.TCPStore` served by one
 agent (libuv backend, the default since torch 2.4). Here the least such a rendezvous does:
@@ -44,12 +44,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):  # run as a file: make `bench` importable
-    sys.path.insert(0, str(ROOT))
-
-from bench.machine_load import process_cpu_seconds  # noqa: E402 - after the path fix above
-from bench.simulated import child_env, raise_open_files_limit  # noqa: E402
+from bench.support.child_processes import child_env, raise_open_files_limit
+from bench.support.machine_load import process_cpu_seconds
+from bench.support.paths import ROOT
 
 COUNTER_KEY = "rdzv/count"
 BARRIER_KEY = "rdzv/barrier"
@@ -141,7 +138,7 @@ def private_hosts_prefix(folder: str) -> list[str]:
 
 async def _spawn(prefix: list[str], *args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        *prefix, sys.executable, "-m", "bench.tcpstore_rendezvous", *args,
+        *prefix, sys.executable, "-m", "bench.support.tcpstore_rendezvous", *args,
         cwd=ROOT, env=child_env(),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip

@@ -1,13 +1,15 @@
-"""What a benchmark's JSON records about the code measured and the machine's load around it."""
+"""What a benchmark's JSON records about the code measured, the machine's load around it, and
+the command that runs it again."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
-from pathlib import Path
+import sys
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.support.paths import ROOT
 
 
 def git_state() -> dict[str, Any]:
@@ -29,3 +31,10 @@ def load_averages(before: tuple[float, float, float]) -> dict[str, list[float]]:
         "before": [round(x, 2) for x in before],
         "after": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def command_line(name: str, argv: list[str] | None) -> str:
+    """The command that runs benchmark `name` again with `argv` (this process' own arguments
+    when None): `python -m bench run NAME ARGS...`, quoted for a shell."""
+    args = sys.argv[1:] if argv is None else argv
+    return shlex.join(["python", "-m", "bench", "run", name, *args])

@@ -1,15 +1,16 @@
 """How far the driver scales: 1,000 to 10,000 workers, memory and etcd, beside torch's TCPStore.
 
-    python -m bench.scale --sizes 1000,4000,10000 --backends memory,etcd --out FILE
-    python -m bench.scale --sizes 1000 --backends memory --profile driver.prof
+    python -m bench run driver_scale --sizes 1000,4000,10000 --backends memory,etcd --out FILE
+    python -m bench run driver_scale --sizes 1000 --backends memory --profile driver.prof
 
 The real driver (`elastic.driver.job.Job`: rendezvous, HTTP API, gRPC control service,
-liveness checks, with etcd the state saver) runs in a process of its own, one per trial, so
-that its CPU time and memory are its own; only its launcher is fake
-(`bench.simulated.FakeLauncher`). N simulated workers (`bench.simulated`: register, event
-stream, heartbeats, joins, no torch) live in `--client-processes` other processes, N/k each.
-This process only routes: each launch the driver makes starts a simulated worker in one of
-the client processes (round robin), and a death is ordered from here.
+liveness checks, with etcd the state saver) runs in a process of its own, one per trial
+(`bench.support.driver_process`), so that its CPU time and memory are its own; only its
+launcher is fake (`bench.support.simulated_job.FakeLauncher`). N simulated workers
+(`bench.support.simulated_workers`: register, event stream, heartbeats, joins, no torch) live
+in `--client-processes` other processes, N/k each (`bench.support.simulated_fleet`). This
+process only routes: each launch the driver makes starts a simulated worker in one of the
+client processes (round robin), and a death is ordered from here.
 
 The job is elastic, `-np N --min-np 1 --max-np N --failure-scope worker` (a death takes no
 host-mate with it), on N/8 hosts of 8 slots (`--slots-per-host`;
@@ -52,7 +53,7 @@ Every failed call a simulated worker tries again is counted by call and status
 workers all start the moment they are launched (`--start-spread S`: each after a random delay
 of up to S s, as a real worker's interpreter and imports would spread them).
 
-Side by side (`--no-tcpstore` to skip), `bench.tcpstore_rendezvous`: N clients of torch's
+Side by side (`--no-tcpstore` to skip), `bench.support.tcpstore_rendezvous`: N clients of torch's
 `TCPStore` (libuv server) in the same number of client processes each `add` a counter and
 `wait` on a barrier key set by the last one: what torchrun's c10d rendezvous pays at least.
 
@@ -75,10 +76,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import cProfile
 import json
-import logging
-import math
 import os
 import platform
 import random
@@ -87,28 +85,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):  # run as a file: make `bench`, `elastic` and `tests` importable
-    sys.path.insert(0, str(ROOT))
-
-# ruff: noqa: E402 - after the path fix above
-from bench.machine_load import OtherLoad, process_cpu_seconds, process_memory_mib
-from bench.profiles import summarize_collapsed, summarize_cprofile
-from bench.provenance import git_state, load_averages
-from bench.simulated import (
-    Changes,
-    ClientProcess,
-    FakeLauncher,
-    child_env,
-    make_job,
-    raise_open_files_limit,
-)
-from bench.tcpstore_rendezvous import tcpstore_rendezvous
+from bench.support.child_processes import raise_open_files_limit
+from bench.support.driver_process import COOLDOWN_S, START_TIMEOUT_S, DriverProcess, host_layout
+from bench.support.machine_load import OtherLoad, process_cpu_seconds, process_memory_mib
+from bench.support.paths import ROOT
+from bench.support.profiles import PySpy, summarize_collapsed, summarize_cprofile
+from bench.support.provenance import command_line, git_state, load_averages
+from bench.support.simulated_fleet import Fleet
+from bench.support.tcpstore_rendezvous import tcpstore_rendezvous
 
 SIZES = (1000, 4000, 10000)
 BACKENDS = ("memory", "etcd")
@@ -118,8 +106,6 @@ HEARTBEATS_PER_S = 2000  # the heartbeat interval grows with N past this rate, u
 IDLE_WINDOW_S = 10.0
 DEATH_FRACTION = 0.01
 PHASE_TIMEOUT_S = 180.0
-START_TIMEOUT_S = 300.0
-COOLDOWN_S = 600.0
 SETTLE_S = 1.0  # between the phases of a trial
 KILLED_EXIT = 128 + signal.SIGKILL
 
@@ -139,352 +125,8 @@ def heartbeat_for(n: int) -> float:
     return min(5.0, max(1.0, n / HEARTBEATS_PER_S))
 
 
-def host_layout(n: int, slots_per_host: int) -> list[Any]:
-    """`HostSpec`s for N workers: hosts 127.1.x.y of `slots_per_host` slots (the last one
-    may have fewer), or one `localhost:N` when `slots_per_host` is 0."""
-    from elastic.driver.discovery.hosts import HostSpec
-
-    if slots_per_host <= 0:
-        return [HostSpec("localhost", n)]
-    hosts = []
-    for index in range(math.ceil(n / slots_per_host)):
-        high, low = divmod(index, 254)
-        slots = min(slots_per_host, n - index * slots_per_host)
-        hosts.append(HostSpec(f"127.1.{high}.{low + 1}", slots))
-    return hosts
-
-
 def rounded(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 4)
-
-
-# --- the driver process ----------------------------------------------------------------------
-
-
-async def serve_driver(args: argparse.Namespace, protocol: IO[str]) -> None:
-    """Run one job; the launcher's commands and the answers go to `protocol` as JSON lines,
-    the benchmark's commands come on stdin (`exit`, `status`, `stop`)."""
-
-    flush_due = False
-
-    def flush() -> None:
-        nonlocal flush_due
-        flush_due = False
-        protocol.flush()
-
-    def emit(doc: dict[str, Any]) -> None:
-        """Write `doc`; flushed once per turn of the event loop (one write for a burst of
-        launches, not one system call each)."""
-        nonlocal flush_due
-        protocol.write(json.dumps(doc) + "\n")
-        if not flush_due:
-            flush_due = True
-            asyncio.get_running_loop().call_soon(flush)
-
-    n, backend, heartbeat, slots_per_host, etcd = args.driver
-    launcher = FakeLauncher(emit, os.getpid())
-    job = make_job(
-        backend,
-        host_layout(int(n), int(slots_per_host)),
-        launcher,
-        etcd_endpoint=None if etcd == "-" else etcd,
-        heartbeat=float(heartbeat),
-        start_timeout=START_TIMEOUT_S,
-        detached=False,
-        cooldown=(COOLDOWN_S, COOLDOWN_S),
-    )
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 24)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-
-    async def commands() -> None:
-        while line := await reader.readline():
-            command = json.loads(line)
-            if command["op"] == "exit":
-                for worker_id in command["ids"]:
-                    if (process := launcher.processes.get(worker_id)) is not None:
-                        process.end(command["code"], command.get("signal"), stop_client=False)
-            elif command["op"] == "status":
-                status = job.status()
-                states = Counter(w.state for w in status.workers)
-                emit({"ev": "status", "epoch": status.epoch, "size": status.size, "states": states})
-            elif command["op"] == "stop":
-                job.request_stop(signal.SIGTERM)
-        job.request_stop(signal.SIGTERM)  # the benchmark is gone
-
-    listening = asyncio.create_task(commands())
-    emit({"ev": "run", "t": time.monotonic()})
-    code = await job.run()
-    listening.cancel()
-    emit({"ev": "ended", "code": code})
-    protocol.flush()  # the loop ends with this coroutine: no later turn flushes it
-
-
-def driver_main(args: argparse.Namespace) -> None:
-    """The driver process: its stdout carries the protocol, everything else goes to stderr."""
-    raise_open_files_limit()
-    protocol = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)  # worker output and any print of the driver's go to the log, not the pipe
-    logging.basicConfig(format="elasticrun: %(message)s", level=logging.WARNING)
-    logging.getLogger("elasticrun").setLevel(logging.INFO)  # as `elasticrun` logs by default
-    profiler = cProfile.Profile() if args.driver_profile else None
-    if profiler is not None:
-        profiler.enable()
-    try:
-        asyncio.run(serve_driver(args, protocol))
-    finally:
-        if profiler is not None:
-            profiler.disable()
-            profiler.dump_stats(args.driver_profile)
-
-
-# --- the benchmark's side --------------------------------------------------------------------
-
-
-class Fleet:
-    """The client processes, and what their simulated workers reported in the current trial."""
-
-    def __init__(self, processes: int, start_spread: float = 0.0, seed: int = 0) -> None:
-        """`start_spread`: each worker starts after a random delay up to that many seconds
-        after its launch (0: at once)."""
-        self.clients = [ClientProcess(self._on_report) for _ in range(processes)]
-        self.start_spread = start_spread
-        self._random = random.Random(seed)
-        self.changes = Changes()
-        self.stopped_all = 0
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget the previous trial."""
-        self.owner: dict[str, ClientProcess] = {}
-        self.launched: list[str] = []
-        self.first_launch: float | None = None
-        self.formed: dict[str, list[tuple[int, float]]] = {}  # id -> [(round, t)]
-        self.told: dict[str, list[tuple[int, float]]] = {}  # id -> [(round it leaves, t)]
-        self.killed: set[str] = set()  # died by the benchmark's hand
-        self.stopped: set[str] = set()  # stopped by the driver (declared dead, job end)
-        self.gone: set[str] = set()  # evicted (NOT_FOUND), left, or failed on their own
-        self.errors: list[str] = []  # workers that failed on their own, before the job's end
-        self.recording = True  # False once the job is stopping (its calls are cancelled)
-        self.retries: Counter[str] = Counter()  # failed calls tried again, by call and code
-        self.register_cancelled: set[str] = set()  # workers whose Register was CANCELLED
-        self._target = 0
-        self._missing: set[str] = set()
-
-    @property
-    def pids(self) -> list[int]:
-        return [c.pid for c in self.clients]
-
-    async def start(self) -> None:
-        for client in self.clients:
-            await client.start()
-
-    def why_broken(self) -> str | None:
-        if not all(c.running for c in self.clients):
-            return "a client process exited"
-        return None
-
-    def route(self, command: dict[str, Any]) -> None:
-        """A launcher command from the driver: start a worker (round robin), or stop one."""
-        worker_id = command.get("worker_id") or command["id"]
-        if command["op"] == "start":
-            command["delay"] = self.start_spread * self._random.random()
-            client = self.clients[len(self.launched) % len(self.clients)]
-            self.owner[worker_id] = client
-            self.launched.append(worker_id)
-            if self.first_launch is None:
-                self.first_launch = command["t"]
-        else:
-            self.stopped.add(worker_id)
-            self._missing.discard(worker_id)
-            client = self.owner[worker_id]
-        client.send(command)
-        self.changes.notify()
-
-    def kill(self, ids: list[str]) -> None:
-        """Those workers die now (as SIGKILLed processes: no goodbye)."""
-        groups: dict[ClientProcess, list[str]] = {}
-        for worker_id in ids:
-            groups.setdefault(self.owner[worker_id], []).append(worker_id)
-        self.killed.update(ids)
-        for client, group in groups.items():
-            client.send({"op": "kill", "ids": group})
-
-    def alive(self) -> list[str]:
-        out = self.killed | self.stopped | self.gone
-        return [i for i in self.launched if i not in out]
-
-    def round_of(self, worker_id: str) -> int:
-        formed = self.formed.get(worker_id)
-        return formed[-1][0] if formed else 0
-
-    def expect(self, ids: list[str], round_: int) -> None:
-        """From now on `missing` counts those of `ids` not yet in `round_` or a later one."""
-        out = self.stopped | self.gone
-        self._target = round_
-        self._missing = {i for i in ids if self.round_of(i) < round_ and i not in out}
-
-    @property
-    def missing(self) -> int:
-        return len(self._missing)
-
-    def _on_report(self, doc: dict[str, Any]) -> None:
-        event = doc["ev"]
-        if event == "formed":
-            self.formed.setdefault(doc["id"], []).append((doc["epoch"], doc["t"]))
-            if doc["epoch"] >= self._target:
-                self._missing.discard(doc["id"])
-        elif event == "told":
-            self.told.setdefault(doc["id"], []).append((doc["epoch"], doc["t"]))
-        elif event in ("evicted", "left", "error"):
-            self.gone.add(doc["id"])
-            self._missing.discard(doc["id"])
-            if event != "left" and self.recording:
-                self.errors.append(f"{doc['id']}: {doc.get('error', event)}")
-        elif event == "retry" and self.recording:
-            self.retries[doc["what"]] += 1
-            if doc["what"] == "Register CANCELLED":
-                self.register_cancelled.add(doc["id"])
-        elif event == "stopped_all":
-            self.stopped_all += 1
-        self.changes.notify()
-
-    async def stop_all(self) -> None:
-        """Stop every simulated worker left, in every client process."""
-        before = self.stopped_all
-        for client in self.clients:
-            client.send({"op": "stop_all"})
-        target = before + len(self.clients)
-        await self.changes.wait(lambda: self.stopped_all >= target, "stop_all", 120)
-
-    async def close(self) -> None:
-        for client in self.clients:
-            await client.close()
-
-
-class DriverProcess:
-    """One trial's driver process (`--driver`), seen from the benchmark."""
-
-    def __init__(self, fleet: Fleet, log_path: Path) -> None:
-        self._fleet = fleet
-        self.log_path = log_path
-        self.process: asyncio.subprocess.Process | None = None
-        self.run_at: float | None = None
-        self.cpu_at_run = 0.0
-        self.ended: dict[str, Any] | None = None
-        self._statuses: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._reader: asyncio.Task[None] | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    async def start(self, argv: list[str]) -> None:
-        with open(self.log_path, "wb") as log:
-            self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bench.scale", *argv,
-                cwd=ROOT, env=child_env(), stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=log, limit=1 << 24,
-            )  # fmt: skip
-        self._reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        while line := await self.process.stdout.readline():
-            doc = json.loads(line)
-            if "op" in doc:
-                self._fleet.route(doc)
-            elif doc["ev"] == "run":
-                self.run_at = doc["t"]
-                self.cpu_at_run = process_cpu_seconds(self.pid) or 0.0
-            elif doc["ev"] == "status":
-                self._statuses.put_nowait(doc)
-            elif doc["ev"] == "ended":
-                self.ended = doc
-        self._fleet.changes.notify()
-
-    def why_ended(self) -> str | None:
-        if self.ended is not None:
-            return f"the job ended (exit code {self.ended['code']})"
-        if self.process is None or self.process.returncode is not None:
-            return "the driver process exited"
-        return None
-
-    def send(self, command: dict[str, Any]) -> None:
-        assert self.process is not None and self.process.stdin is not None
-        if self.process.returncode is None:
-            self.process.stdin.write((json.dumps(command) + "\n").encode())
-
-    async def status(self, timeout: float = 60.0) -> dict[str, Any]:
-        """The job's round, size and workers per state, as `Job.status()` says."""
-        self.send({"op": "status"})
-        try:
-            return await asyncio.wait_for(self._statuses.get(), timeout)
-        except TimeoutError:
-            raise TimeoutError(
-                f"the driver did not answer a status query in {timeout:g} s"
-            ) from None
-
-    async def stop(self, timeout: float = 60.0) -> int | None:
-        """SIGTERM the job (as `elasticrun` gets it) and wait; SIGKILL after `timeout` s."""
-        assert self.process is not None
-        self.send({"op": "stop"})
-        try:
-            await asyncio.wait_for(self.process.wait(), timeout)
-        except TimeoutError:
-            self.process.kill()
-            await self.process.wait()
-        if self._reader is not None:
-            await self._reader
-        return self.ended["code"] if self.ended is not None else None
-
-    def log_tail(self, lines: int = 15) -> list[str]:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return []
-        return text.splitlines()[-lines:]
-
-    def log_counts(self) -> dict[str, int]:
-        """How often the driver's log says it formed a round or declared workers dead, by
-        reason (the words of `elastic.driver.policy.liveness.Verdict`)."""
-        from elastic.driver.policy.liveness import Verdict
-
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return {}
-        counts = {"rounds formed": sum(" epoch " in x and " worker(s) on " in x for x in lines)}
-        for verdict in Verdict:
-            counts[verdict.value] = sum(verdict.value in line for line in lines)
-        counts["exited with code"] = sum("exited with code" in line for line in lines)
-        return counts
-
-
-class PySpy:
-    """py-spy sampling a process into a raw collapsed-stack file until `stop()` (or for
-    `duration` seconds); `native`: with the C frames (grpc's Cython, libc), which pauses the
-    process at each sample."""
-
-    native = False  # `--py-spy-native`, for every sampler of the run
-
-    def __init__(self, pid: int, out: str, duration: float | None = None) -> None:
-        limit = ["--duration", str(math.ceil(duration))] if duration else []
-        how = ["--native"] if self.native else ["--nonblocking"]
-        self._process = subprocess.Popen(
-            ["py-spy", "record", "--pid", str(pid), "--rate", "100", *how,
-             "--format", "raw", "--output", out, *limit],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-
-    def stop(self) -> None:
-        self._process.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
-        try:
-            self._process.wait(30)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
 
 
 def first_at_or_after(events: list[tuple[int, float]], round_: int, since: float) -> float | None:
@@ -645,8 +287,8 @@ async def run_trial(
     fleet.reset()
     driver = DriverProcess(fleet, Path(logs, f"driver-{n}-{backend}-{time.time():.0f}.log"))
     endpoint = etcd.endpoint if backend == "etcd" else "-"
-    argv = ["--driver", str(n), backend, str(heartbeat), str(args.slots_per_host), endpoint]
-    await driver.start(argv + (["--driver-profile", profile] if profile else []))
+    argv = [str(n), backend, str(heartbeat), str(args.slots_per_host), endpoint]
+    await driver.start(argv + (["--profile", profile] if profile else []))
     spy = PySpy(driver.pid, py_spy) if py_spy else None
     rng = random.Random(args.seed + n)
 
@@ -863,7 +505,8 @@ def environment() -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 
     def sizes(text: str) -> list[int]:
@@ -907,12 +550,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", metavar="FILE", help="write the JSON here, not to stdout")
     parser.add_argument("--logs", metavar="DIR", help="keep the drivers' logs here")
-    parser.add_argument("--driver", nargs=5, help=argparse.SUPPRESS)
-    parser.add_argument("--driver-profile", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.driver:
-        driver_main(args)
-        return
+    args = parser.parse_args(argv)
     PySpy.native = args.py_spy_native
     limits = raise_open_files_limit()
     started = time.monotonic()
@@ -920,7 +558,7 @@ def main() -> None:
     outcome = asyncio.run(bench(args))
     doc: dict[str, Any] = {
         "benchmark": "scale",
-        "command": " ".join(["python -m bench.scale", *sys.argv[1:]]),
+        "command": command_line("driver_scale", argv),
         **environment(),
         "open_files_limit": {"before": list(limits), "raised_to": limits[1]},
         "job": {

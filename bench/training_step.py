@@ -1,13 +1,14 @@
 """Training-step time: `hvd.DistributedOptimizer` against `DistributedDataParallel`.
 
-    python -m bench.optimizer_step --np 2
+    python -m bench run training_step                 (np 2, then np 3)
+    python -m bench run training_step --np 2 --markdown
 
-launches `elasticrun -np N` workers running this file with `--worker`. In the same worker
-processes, on the same (default, Gloo) process group, each side trains its own copy of the same
-model on the same fixed synthetic batch (per rank) with plain SGD; a step is zero_grad, forward,
-backward and optimizer step. The sides run interleaved in rounds (round r: k steps of each side
-in turn) so that machine noise hits them alike; rank 0 reports the median per-step time of each
-side and its ratio to DDP's. One thread per rank for every side.
+launches, for each `--np N`, `elasticrun -np N` workers running this file with `--worker`. In
+the same worker processes, on the same (default, Gloo) process group, each side trains its own
+copy of the same model on the same fixed synthetic batch (per rank) with plain SGD; a step is
+zero_grad, forward, backward and optimizer step. The sides run interleaved in rounds (round r: k
+steps of each side in turn) so that machine noise hits them alike; rank 0 reports the median
+per-step time of each side and its ratio to DDP's. One thread per rank for every side.
 
 Sides: `ddp` (DistributedDataParallel, default 25 MiB buckets), `hvd` (DistributedOptimizer with
 its default fusion threshold, 64 MiB), `hvd_25MiB` (fusion_threshold_bytes=25 MiB, DDP's bucket
@@ -16,7 +17,8 @@ exchange per step that lets `hvd.join()` ranks follow) and `local` (the model an
 without any communication: the compute floor).
 Models: `mlp` (10 Linear 1024x1024 + ReLU, ~10.5M parameters) and `many_small` (120 blocks of
 Linear(32, 32) + LayerNorm(32) + ReLU: 240 layers, 480 parameter tensors, ~134k parameters).
-The JSON document goes to stdout and to bench/results/optimizer_np{N}.json.
+Each run's JSON document goes to bench/results/optimizer_np{N}.json and to stdout, and the
+published table of all runs to stderr (with `--markdown`, the table alone to stdout).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -39,11 +42,40 @@ MODELS = {
 # --- driver ---------------------------------------------------------------------------------
 
 
-def drive(args: argparse.Namespace) -> None:
-    from bench.launch import run_and_save  # the driver side only; workers never import it
+def drive(args: argparse.Namespace, argv: list[str] | None) -> None:
+    from bench.support.elasticrun_launch import run_and_save  # workers never import it
+    from bench.support.provenance import command_line
 
     worker_args = ["--rounds", str(args.rounds), "--models", args.models]
-    run_and_save(__file__, f"optimizer_np{args.np}.json", args.np, worker_args, args.timeout)
+    docs = []
+    for np_ in args.np:
+        result = f"optimizer_np{np_}.json"
+        command = command_line("training_step", argv)
+        docs.append(run_and_save(__file__, result, np_, worker_args, args.timeout, command))
+        if not args.markdown:
+            print(json.dumps(docs[-1], indent=2), flush=True)
+    print(markdown(docs), file=None if args.markdown else sys.stderr)
+
+
+def markdown(docs: list[dict]) -> str:
+    """The published table (README, Benchmarks) of one run per np."""
+    lines = [
+        "| np | model | params (tensors) | DDP, 25 MiB buckets | hvd, 64 MiB fusion | ratio "
+        "| hvd, 25 MiB fusion | ratio | hvd, check off | ratio | no communication |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for doc in docs:
+        for r in doc["results"]:
+            d, h, h25, off, loc = (
+                r[k] for k in ("ddp", "hvd", "hvd_25MiB", "hvd_unchecked", "local")
+            )
+            lines.append(
+                f"| {doc['np']} | {r['model']} | {r['params'] / 1e6:.2f}M ({r['param_tensors']}) "
+                f"| {d['step_ms']:.1f} | {h['step_ms']:.1f} | {h['ratio_vs_ddp']:.2f} "
+                f"| {h25['step_ms']:.1f} | {h25['ratio_vs_ddp']:.2f} "
+                f"| {off['step_ms']:.1f} | {off['ratio_vs_ddp']:.2f} | {loc['step_ms']:.1f} |"
+            )
+    return "\n".join(lines)
 
 
 # --- worker ---------------------------------------------------------------------------------
@@ -179,19 +211,25 @@ def worker(args: argparse.Namespace) -> None:
     hvd.shutdown()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--np", type=int, default=2, help="number of worker processes")
+    parser.add_argument(
+        "--np", type=int, nargs="+", default=[2, 3], help="numbers of worker processes, in turn"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated models")
-    parser.add_argument("--timeout", type=float, default=900, help="kill the run after this")
+    parser.add_argument("--timeout", type=float, default=900, help="kill a run after this")
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the published table, not the JSON"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result-file", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
         worker(args)
     else:
-        drive(args)
+        drive(args, argv)
 
 
 if __name__ == "__main__":

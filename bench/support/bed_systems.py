@@ -1,11 +1,11 @@
-"""The two systems as bench/multihost.py and bench/goodput.py run them on the multi-host bed,
+"""The two systems as bench/host_faults.py and bench/goodput.py run them on the multi-host bed,
 and what a trial leaves on the bed.
 
 * `ElasticrunOnBed`: the driver in the root namespace, the bed's hosts from a discovery file,
   every worker started through the bed's ssh;
 * `TorchrunOnBed`: a rendezvous store of its own in the root namespace
-  (bench/rendezvous_store.py), then one agent per host, in the host's namespace (`Bed.start`),
-  tuned as in bench/elastic_recovery.py plus what the bed needs (`torchrun_needs` says what
+  (bench/support/torchrun_store.py), then one agent per host, in the host's namespace (`Bed.start`),
+  tuned as in bench/recovery.py plus what the bed needs (`torchrun_needs` says what
   and why).
 
 Both start their processes in `start()` (recorded in `launchers` as they start, so that a
@@ -14,7 +14,9 @@ start that fails halfway is still stopped), and react to the cloud's word on a h
 torchrun has no use for it), `host_gone(host)` (reclaimed: discovery drops it) and
 `host_returned(host)` (back, or allocated: listed again in elasticrun's discovery file,
 nothing changing for a host that never left it; a fresh agent for torchrun).
-`namespace_leftovers` checks the hosts once a trial's launchers stopped.
+`namespace_leftovers` checks the hosts once a trial's launchers stopped; `clean_up` ends a
+trial (launchers stopped, the bed closed, what was left reported) and `leftovers` counts what
+it found.
 """
 
 from __future__ import annotations
@@ -31,29 +33,27 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from bench.elastic_recovery import (
+from bench.support.local_systems import (
     ELASTIC_WORKLOAD,
     HOSTS_FILE_SCRIPT,
-    LEFTOVER_TIMEOUT,
     TORCHRUN_WORKLOAD,
     TUNED_MONITOR_INTERVAL,
     TUNED_RDZV_CONF,
-    Launcher,
-    Output,
-    TrialFailed,
     make_systems,
     worker_args,
     write_hosts,
 )
+from bench.support.paths import ROOT
+from bench.support.trial_processes import LEFTOVER_TIMEOUT, Launcher, Output, TrialFailed, stop_all
 from tests.multihost.bed import Bed
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.multihost.leftovers import survey
 
 HOSTS = 4
 HEARTBEAT = 0.5
 DISCOVERY_INTERVAL = 0.5
-COOLDOWN = (1.0, 2.0)  # elasticrun's --blacklist-cooldown-range (see NOTES in multihost)
+COOLDOWN = (1.0, 2.0)  # elasticrun's --blacklist-cooldown-range (see NOTES in bench/host_faults.py)
 START_TIMEOUT = 60  # elasticrun's --start-timeout: ssh answering and workers joining
 PG_TIMEOUT = 5.0  # the torchrun workload's init_process_group timeout (see torchrun_needs)
 # Added to TUNED_RDZV_CONF: no agent serves the store; an agent's store call gives up after
@@ -66,7 +66,7 @@ def torchrun_needs(pg_timeout: float) -> list[str]:
     """What torchrun needed on the bed, each with why (the JSON's `torchrun.needed`)."""
     timeout = f"{pg_timeout:g} s" if pg_timeout else "torch's default"
     return [
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as in bench/elastic_recovery.py: without it a "
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as in bench/recovery.py: without it a "
         "restarted or new agent re-reads stale rendezvous keys and cannot join",
         "--local-addr=<the host's address>: every bed host has the machine's host name, which "
         "resolves to loopback, and torchrun hands it to the workers as MASTER_ADDR (without "
@@ -87,7 +87,7 @@ def torchrun_needs(pg_timeout: float) -> list[str]:
         "from the store blocks: in driver_partition one store call timed out after 5 s and "
         "the next one blocked until the partition healed, so the cut-off agent never gave up "
         "and torchrun never re-formed (its training went on at size 4; see not_recovered)",
-        "keep_alive_interval=1 (default 5, as in bench/elastic_recovery.py) with "
+        "keep_alive_interval=1 (default 5, as in bench/recovery.py) with "
         "keep_alive_max_attempt left at 3: a node is dropped 3 s after its last keep-alive. "
         "With 2, once here, the returning host's agent took the busy incumbents for dead and "
         "formed a second job of its own (size 1) beside them, both writing the checkpoint",
@@ -220,7 +220,7 @@ class TorchrunOnBed:
         self.commands: dict[str, str] = {}
 
     def start(self) -> None:
-        store_cmd = [sys.executable, "-m", "bench.rendezvous_store", "--max-seconds", "900"]
+        store_cmd = [sys.executable, "-m", "bench.support.torchrun_store", "--max-seconds", "900"]
         store = Launcher("store", store_cmd, self.env, self.out, ROOT)
         self.launchers.append(store)
         serving = self.out.wait(
@@ -317,3 +317,38 @@ def namespace_leftovers(bed: Bed) -> dict[str, list[str]]:
     for pid, (host, argv) in found.items():
         by_host.setdefault(host, []).append(f"{pid}: {argv}")
     return by_host
+
+
+def clean_up(
+    folder: Path, bed: Bed | None, job: ElasticrunOnBed | TorchrunOnBed | None, cut: str | None
+) -> dict[str, Any]:
+    """After a trial: heal the `cut` host (partitions end; elasticrun then tells the stale
+    worker to go), stop every launcher, check that nothing is left in the root namespace
+    (`stop_all`: no process names the trial's folder) nor in the hosts, and close the bed,
+    checking that its namespaces, links and nft table are gone. Never raises: what went wrong
+    is in the returned record."""
+    errors = []
+    if bed is not None and cut is not None:
+        try:
+            bed.heal(cut)
+        except Exception as err:  # noqa: BLE001 - stop the launchers whatever happened
+            errors.append(f"heal {cut}: {err}")
+    stop = stop_all(job.launchers if job else [], str(folder))
+    if bed is not None:
+        stop["namespace_leftovers"] = namespace_leftovers(bed)
+        made = bed.names()
+        try:
+            bed.close()
+        except Exception as err:  # noqa: BLE001 - reported; the next bed sweeps what is left
+            errors.append(f"closing the bed: {err}")
+        stop["bed_remains"] = sorted(made & survey().names())
+    if errors:
+        stop["errors"] = errors
+    return stop
+
+
+def leftovers(record: dict[str, Any]) -> int:
+    stop = record["stop"]
+    in_namespaces = sum(len(v) for v in stop.get("namespace_leftovers", {}).values())
+    bed = len(stop.get("bed_remains", []))
+    return len(stop["leftover_processes_sigkilled"]) + in_namespaces + bed

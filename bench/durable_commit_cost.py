@@ -1,7 +1,7 @@
 """What durable commits cost training: a ~100M-parameter model with Adam, committed in memory
 every `--commit-every` steps, with and without a durable commit (`checkpoint_dir`) at each.
 
-    python -m bench.durable_commit --trials 3 --out bench/results/durable_commit.json
+    python -m bench run durable_commit_cost --trials 3 --out bench/results/durable_commit.json
 
 One process, one rank (a Gloo group of 1), on the GPU when there is one (`--device`). Each
 trial runs the three modes back to back, in a rotating order: no commits at all; in-memory
@@ -18,29 +18,25 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-if not __package__:  # run as a script: make `elastic` and `bench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+import torch.distributed as dist
+from torch import nn
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
-
-from bench.provenance import git_state, load_averages  # noqa: E402
-from elastic.protocol.http import SlotInfo  # noqa: E402
-from elastic.state import TorchState  # noqa: E402
-from elastic.worker import context  # noqa: E402
+from bench.support.provenance import command_line, git_state, load_averages
+from elastic.protocol.http import SlotInfo
+from elastic.state import TorchState
+from elastic.worker import context
 
 MODES = ("no commits", "in-memory commits", "durable commits")
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
@@ -54,7 +50,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
     parser.add_argument("--dir", help="checkpoint directory (default: a new temporary one)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/durable_commit.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     return args
@@ -125,8 +121,9 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
+    args = parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
     one_rank_group()
     model, optimizer = build(args)
@@ -151,7 +148,7 @@ def main() -> None:
     }
     result = {
         "benchmark": "durable_commit",
-        "command": " ".join(sys.argv),
+        "command": command_line("durable_commit_cost", argv),
         "git": git_state(),
         "torch": torch.__version__,
         "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),

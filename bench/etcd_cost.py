@@ -1,18 +1,18 @@
 """What the etcd backend costs the driver in steady state: epoch formation, etcd against memory.
 
-    python -m bench.etcd_backend --trials 5 --large-trials 3
+    python -m bench run etcd_cost --trials 5 --large-trials 3
 
 The real driver (`elastic.driver.job.Job`: rendezvous, HTTP API, gRPC control service, state
 saver, liveness checks) runs in this process, once with `MemoryBackend` and once with
 `EtcdBackend` on a real etcd server (`tests/etcd_server.py`, loopback, a fresh `--job-id` per
 trial), the two interleaved per trial (alternating which goes first). Only the launcher is
 replaced: `FakeLauncher` starts no process but hands each worker's environment to a separate
-client process (`bench.simulated`, asyncio: grpc.aio and a minimal HTTP/1.1 client) where a
-simulated worker does what `elastic.worker.runtime.init` and the elastic run loop do on the
-wire: gRPC Register (job token as `authorization: Bearer ...`), the Events stream (opened
-before joining), a heartbeat every heartbeat interval on the port that stream names, and
-`POST /v1/rendezvous/join` until `formed`; on `EpochBroken` / `HostsUpdated` it joins again
-with `after_epoch` = its epoch. No torch, no process group. `bench/scale.py` uses the same
+client process (`bench.support.simulated_workers`, asyncio: grpc.aio and a minimal HTTP/1.1
+client) where a simulated worker does what `elastic.worker.runtime.init` and the elastic run
+loop do on the wire: gRPC Register (job token as `authorization: Bearer ...`), the Events stream
+(opened before joining), a heartbeat every heartbeat interval on the port that stream names, and
+`POST /v1/rendezvous/join` until `formed`; on `EpochBroken` / `HostsUpdated` it joins again with
+`after_epoch` = its epoch. No torch, no process group. `bench/driver_scale.py` uses the same
 workers, in several processes, against a driver in its own process, up to 10,000 workers.
 
 Each trial of an elastic job `-np N --min-np 1 --max-np N -H localhost:N` (N = 2, 4, 8 and
@@ -55,20 +55,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-if __package__ in (None, ""):  # run as a file: make `bench`, `elastic` and `tests` importable
-    sys.path.insert(0, str(ROOT))
-
-from bench.machine_load import OtherLoad  # noqa: E402 - after the path fix above
-from bench.provenance import git_state, load_averages  # noqa: E402
-from bench.simulated import (  # noqa: E402
-    Changes,
-    ClientProcess,
-    FakeLauncher,
-    make_job,
-    raise_open_files_limit,
-)
+from bench.support.child_processes import raise_open_files_limit
+from bench.support.machine_load import OtherLoad
+from bench.support.paths import RESULTS
+from bench.support.provenance import command_line, git_state, load_averages
+from bench.support.simulated_job import Changes, ClientProcess, FakeLauncher, make_job
 
 SMALL_SIZES = (2, 4, 8)
 LARGE_SIZE = 1000
@@ -88,8 +79,9 @@ METRICS = ("first_epoch_s", "run_to_first_epoch_s", "reform_s", "idle_cpu_pct")
 
 
 class Clients:
-    """The client process (`bench.simulated`), as seen from the driver's event loop: send
-    commands, collect when each simulated worker received its slot in which epoch."""
+    """The client process (`bench.support.simulated_workers`), as seen from the driver's
+    event loop: send commands, collect when each simulated worker received its slot in which
+    epoch."""
 
     def __init__(self) -> None:
         self._client = ClientProcess(self._on_report)
@@ -385,7 +377,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     return {"records": records, "results": results, "machine": load.summary()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5, help="trials per backend, 2-8 workers")
     parser.add_argument(
@@ -407,7 +400,7 @@ def main() -> None:
     parser.add_argument(
         "--sizes", type=lambda s: [int(x) for x in s.split(",")], default=list(SMALL_SIZES)
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(format="elasticrun: %(message)s", level=logging.WARNING)
     # Warnings and errors of each trial (the simulated death, the cooldown) are expected noise.
     logging.getLogger("elasticrun").setLevel(logging.CRITICAL)
@@ -421,7 +414,7 @@ def main() -> None:
 
     doc: dict[str, Any] = {
         "benchmark": "etcd_backend",
-        "command": " ".join(["python -m bench.etcd_backend", *sys.argv[1:]]),
+        "command": command_line("etcd_cost", argv),
         "python": platform.python_version(),
         "grpcio": grpc.__version__,
         "cpus": os.cpu_count(),

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.support.paths import ROOT
+
 AWS_P3_TRACE = ROOT.parent / "shared" / "data" / "traces" / "aws_p3_spot_availability.csv"
 TRACE_NODES = 32  # the AWS p3 trace's most nodes
 

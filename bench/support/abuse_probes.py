@@ -4,9 +4,11 @@ Each long-running client runs in a process of its own (`Hostile` starts one), so
 measuring process is not starved by it, and ends by itself after `--seconds` (or at SIGTERM),
 printing one JSON line that says what it did:
 
-    python -m bench.abuse_probes flood --host 127.0.0.1 --port P --seconds 60
-    python -m bench.abuse_probes silent --host 127.0.0.1 --port P --count 2000 --seconds 60
-    python -m bench.abuse_probes slow-bodies --host 127.0.0.1 --port P --count 500 --seconds 60
+    python -m bench.support.abuse_probes flood --host 127.0.0.1 --port P --seconds 60
+    python -m bench.support.abuse_probes silent --host 127.0.0.1 --port P --count 2000 \
+        --seconds 60
+    python -m bench.support.abuse_probes slow-bodies --host 127.0.0.1 --port P --count 500 \
+        --seconds 60
 
 * `flood`: one connection at a time sends 64 KiB buffers of junk heartbeat frames as fast as
   the kernel takes them (a blocking `sendall` in a loop: Python's cost per 64 KiB is far below
@@ -46,7 +48,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.support.paths import ROOT
 
 JUNK_FRAME = struct.pack("!H", 4096) + b"J" * 4096  # a whole frame of an unknown kind
 FLOOD_BUFFER = JUNK_FRAME * 16  # 64 KiB and a little
@@ -321,7 +323,7 @@ class Hostile:
     def __init__(self, kind: str, args: list[str]) -> None:
         self.kind = kind
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.abuse_probes", kind, *args],
+            [sys.executable, "-m", "bench.support.abuse_probes", kind, *args],
             cwd=ROOT,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

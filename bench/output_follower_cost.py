@@ -1,6 +1,6 @@
 """What following detached workers' output files costs the driver's event loop.
 
-    python -m bench.output_follower --files 2000
+    python -m bench run output_follower_cost --files 2000
 
 One `OutputFollower` follows `--files` files in a temporary folder (two a worker folder, as
 the driver does), woken by inotify and, separately, by the polling fallback. For each mode it
@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.support.paths import RESULTS
+from bench.support.provenance import command_line
 from elastic.driver.launch.follower import OutputFollower
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 class Counting:
@@ -119,16 +119,19 @@ async def measure(mode: str, count: int, root: Path) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with `argv` (this process' arguments when None)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=2000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as root:
         results = {
             mode: asyncio.run(measure(mode, args.files, Path(root)))
             for mode in ("inotify", "polling")
         }
     document = {
+        "benchmark": "output_follower",
+        "command": command_line("output_follower_cost", argv),
         "files": args.files,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),

@@ -1,7 +1,8 @@
-"""Shared by the benchmarks: run a benchmark file's workers under `elasticrun`, save the JSON.
+"""Run a benchmark file's own workers under `elasticrun` and save rank 0's JSON.
 
-Each benchmark is one file that is both the driver (`python bench/X.py --np N`) and the worker
-(`--worker`, started by `elasticrun`); rank 0 writes its JSON document to `--result-file`.
+Such a benchmark is one file that is both the driver (`python -m bench run NAME --np N`) and
+the worker (`python bench/NAME.py --worker`, started by `elasticrun`); rank 0 writes its JSON
+document to `--result-file`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.support.paths import RESULTS
 
 
 def elasticrun() -> list[str]:
@@ -50,13 +51,15 @@ def launch(
         return json.loads(result_file.read_text()), cmd, wall
 
 
-def run_and_save(script: str, name: str, np_: int, worker_args: list[str], timeout_s: float):
-    """Launch, add how to reproduce the run, print the JSON and save it as results/NAME."""
+def run_and_save(
+    script: str, name: str, np_: int, worker_args: list[str], timeout_s: float, command: str
+) -> dict:
+    """Launch, add how to reproduce the run (`command`), save the JSON as results/NAME and
+    return it. Raises SystemExit when the run fails."""
     doc, cmd, wall = launch(script, np_, worker_args, timeout_s)
-    doc["command"] = " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    doc["command"] = command
     doc["launch_command"] = " ".join(cmd)
     doc["wall_s"] = round(wall, 1)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(doc, indent=2)
-    (RESULTS / name).write_text(text + "\n")
-    print(text)
+    (RESULTS / name).write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
