@@ -22,9 +22,9 @@ from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.limits import MAX_BODY_BYTES
 from elastic.driver.server.services import Services
 from elastic.protocol.http import (
-    MAX_EPOCH,
     MAX_KEY_LENGTH,
     MAX_KEYS_PER_REQUEST,
+    MAX_ROUND,
     MAX_VALUE_BYTES,
     CompareSetRequest,
     HostStatus,
@@ -132,14 +132,14 @@ def test_oversized_key_is_refused() -> None:
 
 def test_the_largest_valid_requests_fit_the_body_limit() -> None:
     values = CompareSetRequest(
-        epoch=MAX_EPOCH,
+        epoch=MAX_ROUND,
         key="k" * MAX_KEY_LENGTH,
         expected=b64(bytes(MAX_VALUE_BYTES)),
         desired=b64(bytes(MAX_VALUE_BYTES)),
     )
     assert len(values.model_dump_json()) < MAX_BODY_BYTES
     # Each key character escaped as a UTF-16 surrogate pair: the longest JSON that check/wait take.
-    keys = {"epoch": MAX_EPOCH, "keys": ["\U0001f600" * MAX_KEY_LENGTH] * MAX_KEYS_PER_REQUEST}
+    keys = {"epoch": MAX_ROUND, "keys": ["\U0001f600" * MAX_KEY_LENGTH] * MAX_KEYS_PER_REQUEST}
     assert len(json.dumps(keys, ensure_ascii=True)) < MAX_BODY_BYTES
 
 

@@ -1,17 +1,22 @@
 """Request and response bodies of the driver's HTTP API (`/v1/...`).
 
 Byte values travel base64-encoded inside JSON; nothing on the wire is pickled.
+
+Words: a membership generation is a *round*. The worker protocol's fields that carry a
+round number keep their first wire names (`epoch`, `after_epoch`): renaming them would break
+every worker and driver of another version for nothing. `JobStatus` (read by people and their
+scripts) says `round`, and keeps `epoch` beside it, deprecated, with the same value.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-MAX_EPOCH = (1 << 53) - 1  # the largest integer that every JSON parser reads exactly
+MAX_ROUND = (1 << 53) - 1  # the largest integer that every JSON parser reads exactly
 MAX_PID = (1 << 31) - 1  # pid_t
-MAX_COMMIT = MAX_EPOCH
+MAX_COMMIT = MAX_ROUND
 MAX_KEY_LENGTH = 1024
 MAX_VALUE_BYTES = 4 * 1024 * 1024
 MAX_KEYS_PER_REQUEST = 1024
@@ -19,7 +24,7 @@ MAX_WAIT_SECONDS = 3600.0
 WORKER_ID_MAX_LENGTH = 255
 
 KeyName = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH)]
-Epoch = Annotated[int, Field(ge=0, le=MAX_EPOCH)]
+RoundNumber = Annotated[int, Field(ge=0, le=MAX_ROUND)]  # on the wire: `epoch`
 Base64 = Annotated[str, Field(max_length=(MAX_VALUE_BYTES * 4) // 3 + 4, description="base64")]
 
 
@@ -35,7 +40,7 @@ class ErrorResponse(Strict):
 
 
 class SlotInfo(Strict):
-    """One worker's place in an epoch; the same fields Horovod's SlotInfo has."""
+    """One worker's place in a round; the same fields Horovod's SlotInfo has."""
 
     hostname: str
     rank: int
@@ -47,10 +52,10 @@ class SlotInfo(Strict):
 
 
 class JoinRequest(Strict):
-    """Join the first epoch newer than `after_epoch` (0 at start) that includes the worker."""
+    """Join the first round newer than `after_epoch` (0 at start) that includes the worker."""
 
     worker_id: str = Field(min_length=1, max_length=WORKER_ID_MAX_LENGTH)
-    after_epoch: Epoch = 0
+    after_epoch: RoundNumber = 0
     pid: int = Field(default=0, ge=0, le=MAX_PID)
     timeout: float = Field(default=30.0, ge=0.0, le=MAX_WAIT_SECONDS)
     commit: int = Field(default=0, ge=0, le=MAX_COMMIT)
@@ -58,8 +63,9 @@ class JoinRequest(Strict):
 
 
 class JoinResponse(Strict):
-    """`formed`: `epoch` and `slot` are the worker's; `pending`: no such epoch formed within
-    the timeout (ask again); `not_member`: the worker was excluded from the job and must exit.
+    """`formed`: the round (`epoch`) and `slot` are the worker's; `pending`: no such round
+    formed within the timeout (ask again); `not_member`: the worker was excluded from the job
+    and must exit.
 
     `job_commit` is the newest commit count any worker of the job has reported: when the
     members of a round hold less, a commit was lost with the workers that held it."""
@@ -74,7 +80,7 @@ class JoinResponse(Strict):
 
 
 class KeyRequest(Strict):
-    epoch: Epoch
+    epoch: RoundNumber
     key: KeyName
 
 
@@ -104,7 +110,7 @@ class CompareSetRequest(KeyRequest):
 
 
 class KeysRequest(Strict):
-    epoch: Epoch
+    epoch: RoundNumber
     keys: list[KeyName] = Field(max_length=MAX_KEYS_PER_REQUEST)
 
 
@@ -121,7 +127,7 @@ class DeleteResponse(Strict):
 
 
 class EpochRequest(Strict):
-    epoch: Epoch
+    epoch: RoundNumber
 
 
 class CountResponse(Strict):
@@ -168,7 +174,7 @@ class CollectiveStatus(Strict):
 
 class WorkerStatus(Strict):
     worker_id: str
-    rank: int | None = Field(description="rank in the current epoch; None when not a member")
+    rank: int | None = Field(description="rank in the current round; None when not a member")
     hostname: str
     local_rank: int | None
     state: str = Field(description="launching | member | leaving | exited | failed | stopped")
@@ -255,8 +261,12 @@ class DriverUrls(Strict):
 
 
 class JobStatus(Strict):
+    """The job as `/v1/status` shows it. Give `round`; `epoch` (deprecated) follows it, and
+    a reader of an older driver's answer, which has only `epoch`, gets `round` from it."""
+
     job_id: str
-    epoch: int
+    round: int = 0
+    epoch: int = Field(default=0, description="deprecated: the same as `round`")
     size: int
     hosts: list[HostStatus]
     workers: list[WorkerStatus]
@@ -266,6 +276,12 @@ class JobStatus(Strict):
     stall: StallReport | None = None  # the current stall, if any
     log_tail: list[str] = []  # the launcher's newest log lines, at most 200
     urls: DriverUrls | None = None
+
+    @model_validator(mode="after")
+    def _one_round_number(self) -> JobStatus:
+        if self.round != self.epoch:
+            self.round = self.epoch = self.round or self.epoch
+        return self
 
 
 # --- operations -------------------------------------------------------------------------------
