@@ -31,7 +31,7 @@ from elastic.driver.control.port_limits import (
 from elastic.driver.server.tls import TlsIdentity
 from elastic.protocol.beats import beat_frame, hello_frame
 from elastic.protocol.pinning import pinned_ssl_context
-from elastic.worker.beats import BeatSender, BeatTarget
+from elastic.worker.driver_link.heartbeats import BeatSender, BeatTarget
 from tests.loop_thread import Loop
 from tests.test_control import RecordingListener, wait_until
 

@@ -24,7 +24,7 @@ from elastic.protocol.beats import (
     refused_frame,
     take_frames,
 )
-from elastic.worker.beats import BeatSender, BeatTarget
+from elastic.worker.driver_link.heartbeats import BeatSender, BeatTarget
 from tests.loop_thread import Loop
 from tests.test_control import RecordingListener
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from elastic.worker import collectives as hvd
-from elastic.worker.compression import Compression
+import elastic.torch as hvd
+from elastic.worker.collectives.compression import Compression
 from elastic.worker.context import NotInitializedError, current
 from elastic.worker.errors import CollectiveArgumentError
 from tests.worker_group import run_group

@@ -36,8 +36,8 @@ from elastic.protocol.beats import (
     take_frames,
 )
 from elastic.protocol.http import SlotInfo
-from elastic.worker.control import ControlClient, ControlError, WorkerEvicted
-from elastic.worker.membership import HostsUpdate, MembershipEvents, Offer
+from elastic.worker.driver_link.control_client import ControlClient, ControlError, WorkerEvicted
+from elastic.worker.driver_link.membership_events import HostsUpdate, MembershipEvents, Offer
 from tests.loop_thread import Loop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,8 +199,8 @@ def start_client(
 
 CLIENT_PROCESS = """
 import sys, time
-from elastic.worker.control import ControlClient
-from elastic.worker.membership import MembershipEvents
+from elastic.worker.driver_link.control_client import ControlClient
+from elastic.worker.driver_link.membership_events import MembershipEvents
 client = ControlClient(sys.argv[1], sys.argv[2], sys.argv[3], MembershipEvents())
 client.start()
 print("registered", flush=True)
@@ -333,7 +333,7 @@ def test_a_new_round_that_breaks_the_old_one_aborts_a_blocked_collective(
     import torch
 
     from elastic.worker import context
-    from elastic.worker.collectives import _wait
+    from elastic.worker.collectives.handles import wait as _wait
     from elastic.worker.errors import WorkerLostError
 
     _, events = start_client(driver, clients, "w1")

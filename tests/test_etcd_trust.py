@@ -42,7 +42,7 @@ from elastic.driver.journal.journal import sealed
 from elastic.driver.journal.resume import SavedJobRefused, check_saved
 from elastic.protocol.etcd import DriverAddress, connect
 from elastic.protocol.etcd_trust import token_check
-from elastic.worker.locator import DriverLocator
+from elastic.worker.driver_link.locator import DriverLocator
 from tests.conftest import ELASTICRUN, RunningJob, pids_alive
 from tests.etcd_server import EtcdServer, EtcdTls
 from tests.prerequisites import Machine, missing_etcd

@@ -1,4 +1,4 @@
-"""Which interface Gloo binds when the user names none (elastic/worker/gloo_interface.py).
+"""Which interface Gloo binds when the user names none (elastic/worker/group/gloo_interface.py).
 
 Real interfaces of this machine, no mocks: loopback always, another IPv4 interface where the
 machine has one. The multi-host bed (tests/multihost/test_smoke_job.py) shows the effect: ranks
@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from elastic.worker.gloo_interface import (
+from elastic.worker.group.gloo_interface import (
     GLOO_SOCKET_IFNAME,
     choose_gloo_interface,
     interface_with,

@@ -15,8 +15,8 @@ from elastic.driver.control.events import HostsUpdated
 from elastic.driver.control.port_limits import GrpcPortLimits
 from elastic.driver.control.server import ControlServer
 from elastic.driver.descriptors import descriptor_budget
-from elastic.worker.control import ControlClient
-from elastic.worker.membership import HostsUpdate
+from elastic.worker.driver_link.control_client import ControlClient
+from elastic.worker.driver_link.membership_events import HostsUpdate
 from tests import test_control
 from tests.test_beat_port_limits import SILENT, first_line, last_line, open_files, python
 from tests.test_control import INTERVAL, TOKEN, start_client, wait_until

@@ -31,8 +31,8 @@ from elastic.protocol.http import (
     JobStatus,
     SlotInfo,
 )
-from elastic.worker.client import DriverClient, DriverError
-from elastic.worker.store import DriverStore
+from elastic.worker.driver_link.http_client import DriverClient, DriverError
+from elastic.worker.driver_link.kv_store import DriverStore
 
 TOKEN = "s3cret-token-value"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -10,13 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from elastic.worker import collectives, context
-from elastic.worker.compression import Compression
+from elastic.worker import context
+from elastic.worker.collectives.allgathers import broadcast
+from elastic.worker.collectives.compression import Compression
 from elastic.worker.context import NotInitializedError, current
+from elastic.worker.driver_link.membership_events import MembershipEvents
 from elastic.worker.errors import HostsUpdatedInterrupt
-from elastic.worker.membership import MembershipEvents
-from elastic.worker.optimizer import (
-    DistributedOptimizer,
+from elastic.worker.training.optimizer import DistributedOptimizer
+from elastic.worker.training.state_broadcasts import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
@@ -337,7 +338,7 @@ def _state_without_grad() -> dict[str, Any]:
     before = model.b.detach().clone()
     broadcast_optimizer_state(optimizer, root_rank=0)
     grad = optimizer.param_groups[0]["params"][1].grad
-    bgrad = collectives.broadcast(grad, root_rank=0)
+    bgrad = broadcast(grad, root_rank=0)
     return {
         "grad_of_a": optimizer.param_groups[0]["params"][0].grad,
         "grad": grad,

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from elastic.worker.process_group import CONNECT_TIMEOUT, abandon_group, create_group
+from elastic.worker.group.process_group import CONNECT_TIMEOUT, abandon_group, create_group
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -215,7 +215,7 @@ _ABANDONING_RANK = """
 import sys, time
 from datetime import timedelta
 import torch, torch.distributed as dist
-from elastic.worker.process_group import abandon_group, create_group
+from elastic.worker.group.process_group import abandon_group, create_group
 
 rank = int(sys.argv[2])
 store = dist.FileStore(sys.argv[1], 2)

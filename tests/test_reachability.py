@@ -10,7 +10,7 @@ import pytest
 
 from elastic.driver.policy.reachability import cut_off
 from elastic.driver.policy.rounds import BreakRound, CoolDown, Phase, Reform, Signal
-from elastic.worker.reachability import (
+from elastic.worker.group.reachability import (
     TRIES,
     TRY_EVERY,
     ProbeResponder,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from elastic.worker.retries import Backoff, bounded_retries, jittered
+from elastic.worker.driver_link.retries import Backoff, bounded_retries, jittered
 
 CEILINGS = [0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0]
 

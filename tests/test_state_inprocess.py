@@ -20,9 +20,10 @@ from torch.utils.data import DataLoader
 from elastic.state import ElasticSampler, ObjectState, State, TorchState
 from elastic.state.sampler import merge_sampler_states
 from elastic.worker import context
-from elastic.worker.collectives import Sum, allreduce
+from elastic.worker.collectives.allreduces import allreduce
+from elastic.worker.collectives.reduce_ops import Sum
+from elastic.worker.driver_link.membership_events import HostsUpdate, MembershipEvents
 from elastic.worker.errors import HostsUpdatedInterrupt, WorkerLostError
-from elastic.worker.membership import HostsUpdate, MembershipEvents
 from tests.worker_group import activate_on_one_host, run_group
 
 N = 101  # samples in the sampler tests: not divisible by 2, 3 or the batch size

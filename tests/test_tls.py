@@ -30,10 +30,10 @@ from elastic.driver.server.tls import TlsIdentity
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
 from elastic.protocol.beats import beat_frame, hello_frame
-from elastic.worker import transport
-from elastic.worker.control import ControlClient
-from elastic.worker.membership import MembershipEvents
-from elastic.worker.transport import control_channel, http_client
+from elastic.worker.driver_link import transport
+from elastic.worker.driver_link.control_client import ControlClient
+from elastic.worker.driver_link.membership_events import MembershipEvents
+from elastic.worker.driver_link.transport import control_channel, http_client
 from tests.loop_thread import Loop
 from tests.test_control import RecordingListener
 

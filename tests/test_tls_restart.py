@@ -33,10 +33,10 @@ from elastic.protocol.etcd import (
     connect,
     parse_endpoints,
 )
-from elastic.worker.client import DriverClient, DriverError
-from elastic.worker.control import ControlClient
-from elastic.worker.locator import DriverLocator
-from elastic.worker.membership import MembershipEvents
+from elastic.worker.driver_link.control_client import ControlClient
+from elastic.worker.driver_link.http_client import DriverClient, DriverError
+from elastic.worker.driver_link.locator import DriverLocator
+from elastic.worker.driver_link.membership_events import MembershipEvents
 from tests.conftest import RunningJob
 from tests.etcd_server import EtcdServer, free_port
 from tests.test_control import RecordingListener

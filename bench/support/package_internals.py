@@ -14,14 +14,14 @@ from typing import Any
 
 def worker_channel_options() -> list[tuple[str, Any]]:
     """The gRPC channel options of a worker's control client (keep-alive, reconnect backoff)."""
-    from elastic.worker.control import _CHANNEL_OPTIONS
+    from elastic.worker.driver_link.control_client import _CHANNEL_OPTIONS
 
     return list(_CHANNEL_OPTIONS)
 
 
 def worker_retryable_codes() -> frozenset[Any]:
     """The gRPC status codes a worker's control client retries (`grpc.StatusCode`s)."""
-    from elastic.worker.control import _RETRYABLE
+    from elastic.worker.driver_link.control_client import _RETRYABLE
 
     return frozenset(_RETRYABLE)
 

@@ -61,7 +61,7 @@ RETRY_FOR_S = 60.0  # how long a worker retries a call that fails transiently
 JOIN_POLL_S = 30.0  # one join long-poll (`DriverClient.join`)
 HTTP_KEEPALIVE_EXPIRY_S = 5.0  # httpx drops a connection idle this long before reusing it
 REPORT_EVERY_S = 0.01
-BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.05, 2.0  # `elastic.worker.retries.bounded_retries`
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.05, 2.0  # `elastic.worker.driver_link.retries.bounded_retries`
 
 Report = Callable[[dict[str, Any]], None]
 Command = dict[str, Any]
@@ -138,7 +138,7 @@ class HttpConnection:
 
 class Backoff:
     """The worker's retry schedule: 50 ms doubling to 2 s, each wait jittered as the worker's
-    (`elastic.worker.retries.jittered`), for up to `RETRY_FOR_S` in all."""
+    (`elastic.worker.driver_link.retries.jittered`), for up to `RETRY_FOR_S` in all."""
 
     def __init__(self) -> None:
         self._deadline = time.monotonic() + RETRY_FOR_S
@@ -146,7 +146,7 @@ class Backoff:
 
     async def wait(self, error: BaseException) -> None:
         """Sleep before the next attempt; re-raise `error` when the budget is spent."""
-        from elastic.worker.retries import jittered
+        from elastic.worker.driver_link.retries import jittered
 
         wait = jittered(self._next)
         if time.monotonic() + wait > self._deadline:
@@ -224,7 +224,7 @@ class SimWorker:
 
     async def _run(self) -> None:
         from elastic.protocol import control_pb2 as pb
-        from elastic.worker.control import CALL_TIMEOUT
+        from elastic.worker.driver_link.control_client import CALL_TIMEOUT
 
         await asyncio.sleep(self._delay)
         answer = await self._call(
@@ -297,7 +297,7 @@ class SimWorker:
     async def _enter(self) -> bool:
         """Enter the first round after `self.epoch` as the worker does: from its launch
         environment (round 1), from an offered slot, else by `_join`."""
-        from elastic.worker.membership import OFFER_WAIT
+        from elastic.worker.driver_link.membership_events import OFFER_WAIT
 
         if self.epoch == 0 and self._first_round:
             return self._formed(1)
@@ -353,7 +353,7 @@ class SimWorker:
         port the event stream named (`elastic.protocol.beats`); connect again with the
         worker's backoff when the connection ends. A refusal NOT_FOUND: `Evicted`."""
         from elastic.protocol.beats import beat_frame, hello_frame
-        from elastic.worker.retries import Backoff as StreamBackoff
+        from elastic.worker.driver_link.retries import Backoff as StreamBackoff
 
         hello = hello_frame(self._token, self.worker_id)
         backoff = StreamBackoff()
@@ -388,7 +388,7 @@ class SimWorker:
         import grpc
 
         from elastic.protocol import control_pb2 as pb
-        from elastic.worker.retries import Backoff as StreamBackoff
+        from elastic.worker.driver_link.retries import Backoff as StreamBackoff
 
         backoff = StreamBackoff()
         while True:

@@ -27,7 +27,10 @@ import torch
 from elastic.state.durable import DurableWriter, durable_writer
 from elastic.state.host_messages import HostMessages
 from elastic.state.loadable import UnloadableCommit, refusal_of
-from elastic.worker import collectives, context
+from elastic.worker import context
+from elastic.worker.collectives.allgathers import broadcast_object
+from elastic.worker.collectives.allreduces import allreduce
+from elastic.worker.collectives.reduce_ops import Max, Sum
 from elastic.worker.errors import HostsUpdatedInterrupt
 
 __all__ = ["ObjectState", "State"]
@@ -141,9 +144,7 @@ class State:
             ],
             dtype=torch.int64,
         )
-        pending, added, leaving, any_refused = (
-            bool(v) for v in collectives.allreduce(flags, op=collectives.Max).tolist()
-        )
+        pending, added, leaving, any_refused = (bool(v) for v in allreduce(flags, op=Max).tolist())
         if any_refused:
             raise UnloadableCommit(
                 f"durable commit {self._commit_count} not written: "
@@ -212,7 +213,7 @@ class State:
         values[size + ctx.rank] = ctx.job_commit
         values[2 * size + ctx.rank] = durable
         values[3 * size] = int(needed or self._holds_unshared())
-        values = collectives.allreduce(values, op=collectives.Sum)
+        values = allreduce(values, op=Sum)
         counts, found = values[:size], values[2 * size : 3 * size]
         newest, job_commit = int(counts.max()), int(values[size : 2 * size].max())
         return _Survey(
@@ -360,5 +361,5 @@ class ObjectState(State):
     def sync_from(self, root_rank: int) -> None:
         if not self._names:
             return
-        for name, value in collectives.broadcast_object(self._values(), root_rank).items():
+        for name, value in broadcast_object(self._values(), root_rank).items():
             setattr(self, name, value)

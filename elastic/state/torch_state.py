@@ -17,8 +17,11 @@ import torch
 
 from elastic.state.sampler import ElasticSampler, merge_sampler_states
 from elastic.state.state import ObjectState
-from elastic.worker import collectives
-from elastic.worker.optimizer import broadcast_optimizer_state, broadcast_parameters
+from elastic.worker.collectives.allgathers import allgather_object, broadcast_object
+from elastic.worker.training.state_broadcasts import (
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 
 __all__ = ["TorchState"]
 
@@ -149,7 +152,7 @@ class _SchedulerHandler(_Handler):
         self.value.load_state_dict(copy.deepcopy(self.saved))
 
     def sync_from(self, root_rank: int) -> None:
-        state = collectives.broadcast_object(self.value.state_dict(), root_rank)
+        state = broadcast_object(self.value.state_dict(), root_rank)
         self.value.load_state_dict(state)
 
 
@@ -165,7 +168,7 @@ class _SamplerHandler(_Handler):
 
     def merge(self, root_rank: int) -> None:
         """Take `root_rank`'s epoch and the union of every rank's processed indices in it."""
-        states = collectives.allgather_object(self.value.state_dict())
+        states = allgather_object(self.value.state_dict())
         self.value.load_state_dict(merge_sampler_states(states, root_rank))
         self.value.unshared = False
 

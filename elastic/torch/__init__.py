@@ -21,24 +21,10 @@ from elastic.worker.capabilities import (
     start_timeline,
     stop_timeline,
 )
-from elastic.worker.collectives import (
-    Adasum,
-    Average,
-    Handle,
-    Max,
-    Min,
-    ProcessSet,
-    Product,
-    ReduceOp,
-    Sum,
-    add_process_set,
+from elastic.worker.collectives.allgathers import (
     allgather,
     allgather_async,
     allgather_object,
-    allreduce,
-    allreduce_,
-    allreduce_async,
-    allreduce_async_,
     alltoall,
     alltoall_async,
     barrier,
@@ -47,37 +33,41 @@ from elastic.worker.collectives import (
     broadcast_async,
     broadcast_async_,
     broadcast_object,
-    collective_checks,
-    global_process_set,
     grouped_allgather,
     grouped_allgather_async,
+)
+from elastic.worker.collectives.allreduces import (
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
     grouped_allreduce,
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
     grouped_reducescatter,
     grouped_reducescatter_async,
-    poll,
     reducescatter,
     reducescatter_async,
-    remove_process_set,
-    set_collective_checks,
     sparse_allreduce_async,
-    synchronize,
 )
-from elastic.worker.compression import Compression
+from elastic.worker.collectives.checks import collective_checks, set_collective_checks
+from elastic.worker.collectives.compression import Compression
+from elastic.worker.collectives.handles import Handle, poll, synchronize
+from elastic.worker.collectives.join import join
+from elastic.worker.collectives.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from elastic.worker.collectives.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from elastic.worker.config import NotLaunchedError
 from elastic.worker.context import NotInitializedError
 from elastic.worker.errors import (
     CollectiveArgumentError,
     HostsUpdatedInterrupt,
     WorkerLostError,
-)
-from elastic.worker.join import join
-from elastic.worker.optimizer import (
-    DistributedOptimizer,
-    broadcast_optimizer_state,
-    broadcast_parameters,
 )
 from elastic.worker.runtime import (
     cross_rank,
@@ -90,7 +80,12 @@ from elastic.worker.runtime import (
     shutdown,
     size,
 )
-from elastic.worker.sync_batch_norm import SyncBatchNorm
+from elastic.worker.training.optimizer import DistributedOptimizer
+from elastic.worker.training.state_broadcasts import (
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+from elastic.worker.training.sync_batch_norm import SyncBatchNorm
 
 HorovodInternalError = WorkerLostError
 

@@ -18,13 +18,13 @@ import torch.distributed as dist
 
 from elastic.errors import ElasticError
 from elastic.protocol.http import SlotInfo
-from elastic.worker.client import DriverClient
+from elastic.worker.collectives.in_flight import InFlight
 from elastic.worker.config import WorkerConfig
-from elastic.worker.control import ControlClient
-from elastic.worker.in_flight import InFlight
-from elastic.worker.membership import MembershipEvents
-from elastic.worker.progress import Progress
-from elastic.worker.reachability import PeerWatch
+from elastic.worker.driver_link.control_client import ControlClient
+from elastic.worker.driver_link.http_client import DriverClient
+from elastic.worker.driver_link.membership_events import MembershipEvents
+from elastic.worker.driver_link.progress import Progress
+from elastic.worker.group.reachability import PeerWatch
 
 
 class NotInitializedError(ElasticError, RuntimeError):
@@ -78,7 +78,7 @@ class WorkerContext:
 class ProcessWide:
     """What outlives rounds in a worker process: settings made once, process sets defined."""
 
-    collective_checks: bool | None = None  # None: from the environment (see agreement.py)
+    collective_checks: bool | None = None  # None: from the environment (see collectives/checks.py)
     process_sets: list[Any] = field(default_factory=list)  # ProcessSets added, in order
     # weak references to DistributedOptimizers' gradient reducers, in order of creation
     optimizers: list[Any] = field(default_factory=list)
@@ -91,7 +91,7 @@ class ProcessWide:
 
 _current: WorkerContext | None = None
 _process = ProcessWide()
-_graveyard: list[Any] = []  # abandoned process groups, kept alive (see process_group.py)
+_graveyard: list[Any] = []  # abandoned process groups, kept alive (see group/process_group.py)
 
 
 def current(what: str = "this call") -> WorkerContext:

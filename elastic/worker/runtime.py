@@ -14,18 +14,18 @@ from urllib.parse import urlsplit
 import torch.distributed as dist
 
 from elastic.worker import context
-from elastic.worker.client import DriverClient, NotMemberError
+from elastic.worker.collectives.process_sets import add_process_set, clear_process_sets
 from elastic.worker.config import WorkerConfig
-from elastic.worker.control import ControlClient, ControlError
+from elastic.worker.driver_link.control_client import ControlClient, ControlError
+from elastic.worker.driver_link.http_client import DriverClient, NotMemberError
+from elastic.worker.driver_link.locator import DriverLocator
+from elastic.worker.driver_link.membership_events import MembershipEvents, Offer
 from elastic.worker.errors import WorkerLostError
-from elastic.worker.formation import InitTimeoutError, enter_next_round, form_again
-from elastic.worker.gloo_interface import choose_gloo_interface, source_address
-from elastic.worker.locator import DriverLocator
-from elastic.worker.membership import MembershipEvents, Offer
+from elastic.worker.group.formation import InitTimeoutError, enter_next_round, form_again
+from elastic.worker.group.gloo_interface import choose_gloo_interface, source_address
+from elastic.worker.group.process_group import abandon_group
+from elastic.worker.group.reachability import PeerWatch, ProbeResponder
 from elastic.worker.preemption import PreemptionWatch
-from elastic.worker.process_group import abandon_group
-from elastic.worker.process_sets import add_process_set, clear_process_sets
-from elastic.worker.reachability import PeerWatch, ProbeResponder
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _start() -> None:
     config = WorkerConfig.from_env()
     driver_host = urlsplit(config.driver_url).hostname
     if driver_host:
-        choose_gloo_interface(driver_host)  # before any group: see gloo_interface.py
+        choose_gloo_interface(driver_host)  # before any group: see group/gloo_interface.py
     locator = DriverLocator(
         config.driver_url,
         config.control_address,

@@ -51,7 +51,7 @@ def test_collectives_on_cuda_tensors_over_nccl_match_cpu_math(elasticrun, tmp_pa
 def _abort_and_reform() -> tuple[bool, float]:
     import torch.distributed as dist
 
-    from elastic.worker.process_group import abort_nccl
+    from elastic.worker.group.process_group import abort_nccl
 
     with tempfile.TemporaryDirectory() as tmp:
         store = dist.FileStore(os.path.join(tmp, "store"), 1)

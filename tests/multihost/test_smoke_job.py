@@ -2,7 +2,7 @@
 
 The driver runs in the root namespace; each rank runs in its own network namespace, where the
 host name resolves to loopback: the ranks connect only because the worker makes Gloo bind the
-interface that reaches the driver (elastic/worker/gloo_interface.py).
+interface that reaches the driver (elastic/worker/group/gloo_interface.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A host cut off from its peers but not from the driver keeps heartbeating, so liveness never
 judges it; its peers' collectives block on it until the collective timeout. Members blocked
-in a collective probe their peers (`elastic.worker.reachability`) and report the ranks that
+in a collective probe their peers (`elastic.worker.group.reachability`) and report the ranks that
 do not answer. After the reports of a round have had time to arrive, the host that the most
 other hosts cannot reach is cut off: its workers have failed, as if they had died.
 """

@@ -2,7 +2,7 @@
 
 Either the user's own (`TlsIdentity.load`, from `--tls-cert`/`--tls-key`) or one made for the
 job (`TlsIdentity.make_self_signed`). Workers pin the certificate: they get its PEM (public)
-and trust it as their only CA (`elastic.worker.transport`), so no public CA is involved.
+and trust it as their only CA (`elastic.worker.driver_link.transport`), so no public CA is involved.
 
 The private key stays in memory. It is written nowhere except, for the moment the HTTP
 server's `ssl.SSLContext` reads it (Python's ssl module loads keys only from a path), into an

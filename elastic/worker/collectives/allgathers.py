@@ -1,7 +1,7 @@
 """Horovod's data-moving collectives: allgather (grouped too), broadcast, alltoall, objects,
 and the barrier, over `torch.distributed`.
 
-Any dtype moves: those a backend lacks travel as their bytes (`reduction.as_bytes`). A
+Any dtype moves: those a backend lacks travel as their bytes (`reduce_ops.as_bytes`). A
 direct call first agrees with the other ranks on its arguments (`negotiation.py`); a
 mismatch (dtype, shape beyond dimension 0 for allgather and alltoall, root rank, name), or
 arguments of one rank that cannot work (a tensor without dimensions, alltoall splits that
@@ -22,13 +22,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elastic.worker.agreement import DIM0, Kind, Problem, check_root, dtype_code
+from elastic.worker.collectives.allreduces import allreduce
+from elastic.worker.collectives.checks import DIM0, Kind, Problem, check_root, dtype_code
+from elastic.worker.collectives.handles import Handle, Pending, complete, wait
+from elastic.worker.collectives.negotiation import checked, started
+from elastic.worker.collectives.process_sets import ProcessSet, Scope, global_process_set
+from elastic.worker.collectives.reduce_ops import Average, as_bytes
 from elastic.worker.context import current
-from elastic.worker.handles import Handle, Pending, complete, wait
-from elastic.worker.negotiation import checked, started
-from elastic.worker.process_sets import ProcessSet, Scope, global_process_set
-from elastic.worker.reduction import Average, as_bytes
-from elastic.worker.reductions import allreduce
 from elastic.worker.torch_versions import all_gather_single
 
 __all__ = [
@@ -89,7 +89,7 @@ def gather_rows(where: Scope, tensor: torch.Tensor, dims: list[int]) -> torch.Te
 
 
 def _dims(where: Scope, tensors: Sequence[torch.Tensor], rows: list[list[int]] | None):
-    """Every rank's first dimensions of `tensors`: from the agreement's rows when it ran and
+    """Every rank's first dimensions of `tensors`: from the check's rows when it ran and
     there is one tensor, else exchanged."""
     if rows is not None and len(tensors) == 1:
         return [[row[DIM0]] for row in rows]

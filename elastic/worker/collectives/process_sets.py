@@ -19,7 +19,7 @@ import torch.distributed as dist
 from elastic.worker import context
 from elastic.worker.context import WorkerContext
 from elastic.worker.errors import CollectiveArgumentError
-from elastic.worker.process_group import abort_nccl
+from elastic.worker.group.process_group import abort_nccl
 
 __all__ = [
     "ProcessSet",

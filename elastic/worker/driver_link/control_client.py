@@ -1,7 +1,7 @@
 """The worker's side of the gRPC control protocol: register, heartbeats, the event stream.
 
-Plain threads, no asyncio: one daemon thread sends the heartbeats (`elastic.worker.beats`, to
-the port the driver names on the event stream), one consumes the driver's event stream and
+Plain threads, no asyncio: one daemon thread sends the heartbeats (`heartbeats.py`, to the
+port the driver names on the event stream), one consumes the driver's event stream and
 records what it announces in the process's `MembershipEvents`.
 """
 
@@ -23,12 +23,12 @@ from elastic.protocol.beats import BEAT_PORT_KEY, Activity
 from elastic.protocol.env import AUTH_SCHEME
 from elastic.protocol.http import SlotInfo
 from elastic.protocol.leave import EXITING, FINISHED
-from elastic.worker.beats import BeatSender, BeatTarget
+from elastic.worker.driver_link.heartbeats import BeatSender, BeatTarget
+from elastic.worker.driver_link.locator import DriverLocator
+from elastic.worker.driver_link.membership_events import HostsUpdate, MembershipEvents, Offer
+from elastic.worker.driver_link.retries import BACKOFF_MAX, Backoff, Outage, bounded_retries
+from elastic.worker.driver_link.transport import control_channel
 from elastic.worker.exit import exit_now
-from elastic.worker.locator import DriverLocator
-from elastic.worker.membership import HostsUpdate, MembershipEvents, Offer
-from elastic.worker.retries import BACKOFF_MAX, Backoff, Outage, bounded_retries
-from elastic.worker.transport import control_channel
 
 log = logging.getLogger(__name__)
 

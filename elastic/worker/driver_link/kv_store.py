@@ -23,7 +23,7 @@ from elastic.protocol.http import (
     ValueResponse,
     WaitRequest,
 )
-from elastic.worker.client import DriverClient, KeyNotFound
+from elastic.worker.driver_link.http_client import DriverClient, KeyNotFound
 
 _POLL = 30.0  # longest single long-poll; a longer wait is several polls
 
@@ -36,7 +36,7 @@ def _b64(value: bytes | str) -> str:
 class DriverStore(dist.Store):
     """Every key lives under epoch `epoch`; a new epoch's store never sees old keys. With a
     `prefix`, every key of this store starts with it (a later group of the same round keys
-    its rendezvous apart from the earlier ones': `elastic.worker.formation`).
+    its rendezvous apart from the earlier ones': `elastic.worker.group.formation`).
 
     Blocking calls (`get`, `wait`) raise `TimeoutError` after the store timeout, like c10d's
     stores; a driver that stays unreachable past the client's retry budget raises DriverError.

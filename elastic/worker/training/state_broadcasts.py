@@ -14,7 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elastic.worker import collectives
+from elastic.worker.collectives.allgathers import broadcast_object
+from elastic.worker.collectives.handles import wait
 from elastic.worker.context import current
 
 __all__ = ["broadcast_optimizer_state", "broadcast_parameters"]
@@ -85,7 +86,7 @@ def broadcast_parameters(
             work = dist.broadcast(flat, group=ctx.group, group_src=root_rank, async_op=True)
             pending.append((work, flat, chunk, numels))
         for work, flat, chunk, numels in pending:
-            collectives._wait(work)
+            wait(work)
             if not is_root and flat is not chunk[0]:
                 for t, piece in zip(chunk, flat.split(numels), strict=True):
                     t.copy_(piece.view(t.shape))
@@ -154,6 +155,6 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
     _initialize_state(optimizer)
     is_root = ctx.rank == root_rank
     state = _to_cpu(optimizer.state_dict()) if is_root else None
-    state = collectives.broadcast_object(state, root_rank)
+    state = broadcast_object(state, root_rank)
     if not is_root:
         optimizer.load_state_dict(state)

@@ -21,28 +21,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elastic.worker import collectives, context, state_broadcasts
-from elastic.worker.agreement import (
+from elastic.worker import context
+from elastic.worker.collectives.checks import (
     WIDTH,
     Call,
     Kind,
     collective_checks,
     raise_disagreement,
 )
-from elastic.worker.collectives import Average, ReduceOp, Sum
-from elastic.worker.compression import Compression, Compressor
+from elastic.worker.collectives.compression import Compression, Compressor
+from elastic.worker.collectives.handles import wait
+from elastic.worker.collectives.process_sets import Scope
+from elastic.worker.collectives.reduce_ops import Average, ReduceOp, Sum, resolve_op
 from elastic.worker.context import current
 from elastic.worker.errors import HostsUpdatedInterrupt
-from elastic.worker.process_sets import Scope
-from elastic.worker.reduction import resolve_op
-from elastic.worker.sparse_gradients import SparseGradients, SparseWord
 from elastic.worker.torch_versions import all_gather_single
+from elastic.worker.training.sparse_gradients import SparseGradients, SparseWord
 
-__all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
-
-# Where `import elastic.torch` and older code find them: they live in `state_broadcasts.py`.
-broadcast_optimizer_state = state_broadcasts.broadcast_optimizer_state
-broadcast_parameters = state_broadcasts.broadcast_parameters
+__all__ = ["DistributedOptimizer"]
 
 _FUSION_THRESHOLD_BYTES = 64 * 1024 * 1024
 
@@ -161,7 +157,7 @@ class _GradientReducer:
         self.counts = [0] * len(params)
         self.next_launch = 0
         # Its optimizer's place among the process's (the same on every rank), and its step's
-        # agreement row exchange while in flight: hvd.join's ranks read it.
+        # check row exchange while in flight: hvd.join's ranks read it.
         self.index = -1
         self.joined = False  # stepping from inside hvd.join(): no row of its own
         self.step_rows: tuple[dist.Work, torch.Tensor] | None = None
@@ -260,7 +256,7 @@ class _GradientReducer:
         try:
             if self.step_rows is not None:
                 work, rows = self.step_rows
-                collectives._wait(work)
+                wait(work)
                 raise_disagreement(rows.view(size, WIDTH).tolist(), range(size))
             factor = self.postscale / size if self.op == Average else self.postscale
             for bucket in self.buckets:
@@ -277,7 +273,7 @@ class _GradientReducer:
         assert bucket.pending is not None
         work, buf, cctx = bucket.pending
         if work is not None:
-            collectives._wait(work)
+            wait(work)
         out = self.compression.decompress(buf, cctx)
         if bucket.words:
             self.word.read(out[-1:], round_)

@@ -4,7 +4,7 @@ and the sparse allreduce, over `torch.distributed`.
 Semantics are Horovod's: `op` is Average (default), Sum, Min, Max or Product; the result is
 `postscale * op(prescale * tensor)`; Average sums first and divides after (floor division
 for integers). Every dtype Horovod supports works; those a backend cannot reduce are reduced
-in a wider type and cast back (`reduction.py`).
+in a wider type and cast back (`reduce_ops.py`).
 
 Checks: a direct call first agrees with the other ranks on its arguments (`negotiation.py`);
 a mismatch raises `CollectiveArgumentError` on every rank. Failures: a lost peer or a broken
@@ -23,13 +23,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elastic.worker.agreement import Kind, Problem
-from elastic.worker.compression import Compression, Compressor
-from elastic.worker.context import current
-from elastic.worker.handles import Handle, Pending, complete
-from elastic.worker.negotiation import checked, started
-from elastic.worker.process_sets import ProcessSet, Scope, global_process_set, scope
-from elastic.worker.reduction import (
+from elastic.worker.collectives.checks import Kind, Problem
+from elastic.worker.collectives.compression import Compression, Compressor
+from elastic.worker.collectives.handles import Handle, Pending, complete
+from elastic.worker.collectives.negotiation import checked, started
+from elastic.worker.collectives.process_sets import ProcessSet, Scope, global_process_set, scope
+from elastic.worker.collectives.reduce_ops import (
     Average,
     ReduceOp,
     Sum,
@@ -39,6 +38,7 @@ from elastic.worker.reduction import (
     torch_op,
     wire_dtype,
 )
+from elastic.worker.context import current
 
 __all__ = [
     "allreduce",
@@ -462,7 +462,9 @@ class _ReducescatterFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(fctx: Any, *grads: torch.Tensor):
-        from elastic.worker.movement import gather_rows  # movement imports this module
+        from elastic.worker.collectives.allgathers import (
+            gather_rows,  # movement imports this module
+        )
 
         ctx = current("hvd.reducescatter (backward)")
         where = scope(ctx, fctx.ps, "hvd.reducescatter (backward)")
@@ -605,7 +607,9 @@ def sparse_allreduce_async(
     entries (duplicates add up when it is coalesced); Average divides the values by the
     number of ranks. Returns a handle that is called, as Horovod's (`handle()`), or passed to
     `synchronize()`; both return the sparse result."""
-    from elastic.worker.movement import allgather_async  # movement imports this module
+    from elastic.worker.collectives.allgathers import (
+        allgather_async,  # movement imports this module
+    )
 
     resolved = resolve_op(op, None)
     if resolved not in (Average, Sum):

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import torch
 
+from elastic.worker.collectives.allgathers import gather_rows
+from elastic.worker.collectives.handles import wait
+from elastic.worker.collectives.process_sets import Scope
 from elastic.worker.errors import CollectiveArgumentError
-from elastic.worker.handles import wait
-from elastic.worker.movement import gather_rows
-from elastic.worker.process_sets import Scope
 from elastic.worker.torch_versions import all_gather_single
 
 __all__ = ["SparseGradients", "SparseWord"]

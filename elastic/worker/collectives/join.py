@@ -1,7 +1,7 @@
 """`hvd.join()`: a rank that has run out of data waits for the others while taking part in
 their allreduces with zeros, as Horovod's join does, so that ranks with uneven data finish.
 
-A joined rank answers each call's description (`agreement.py`) with a JOINED row; then,
+A joined rank answers each call's description (`checks.py`) with a JOINED row; then,
 for an allreduce (Average or Sum) it contributes zeros of the row's dtype and size, for a
 `DistributedOptimizer` step zero gradients, and it applies that step's reduced gradients
 too, so its parameters stay equal to the others'; for a barrier nothing more. Averages
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from elastic.worker import context
-from elastic.worker.agreement import (
+from elastic.worker.collectives.checks import (
     DEVICE,
     DTYPE,
     DTYPES,
@@ -35,11 +35,11 @@ from elastic.worker.agreement import (
     decide,
     exchange,
 )
+from elastic.worker.collectives.handles import wait
+from elastic.worker.collectives.negotiation import launch_deferred, pending_codes
+from elastic.worker.collectives.process_sets import Scope, global_process_set, scope
+from elastic.worker.collectives.reduce_ops import wire_dtype
 from elastic.worker.errors import CollectiveArgumentError
-from elastic.worker.handles import wait
-from elastic.worker.negotiation import launch_deferred, pending_codes
-from elastic.worker.process_sets import Scope, global_process_set, scope
-from elastic.worker.reduction import wire_dtype
 
 __all__ = ["join"]
 
@@ -79,7 +79,7 @@ def join(device: int = -1) -> int:
 
 
 def _take_part(where: Scope, call: list[int], device: torch.device) -> None:
-    """Contribute zeros to the call the active ranks make (the agreement allowed it)."""
+    """Contribute zeros to the call the active ranks make (the check allowed it)."""
     on = device if call[DEVICE] else torch.device("cpu")
     if call[KIND] == Kind.ALLREDUCE:
         dtype = wire_dtype(DTYPES[call[DTYPE]])

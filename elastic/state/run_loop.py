@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from elastic.state.state import State
 from elastic.worker import context, runtime
-from elastic.worker.client import NotMemberError
+from elastic.worker.driver_link.http_client import NotMemberError
 from elastic.worker.errors import HostsUpdatedInterrupt, WorkerLostError
 from elastic.worker.exit import exit_now
 

@@ -125,7 +125,7 @@ class Handle:
         parts: tuple[Handle, ...] = (),
     ) -> None:
         """`pending`: the launched operation; or None with `start(scope, rows)` that launches
-        it later, `call` (its `agreement.Call`) and `scope`: a deferred operation. `parts`:
+        it later, `call` (its `checks.Call`) and `scope`: a deferred operation. `parts`:
         operations whose results `pending`'s post-processing waits for (it is complete when
         they are)."""
         self._works, self._finish = pending if pending is not None else ([], _no_result)
@@ -174,7 +174,9 @@ class Handle:
         if not self._done:
             try:
                 if self.deferred:
-                    from elastic.worker.negotiation import wait_deferred  # it imports this
+                    from elastic.worker.collectives.negotiation import (
+                        wait_deferred,  # it imports this
+                    )
 
                     wait_deferred(self)
                 self._result = complete((self._works, self._finish))

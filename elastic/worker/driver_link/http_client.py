@@ -11,9 +11,9 @@ from pydantic import BaseModel
 
 from elastic.errors import ElasticError
 from elastic.protocol.http import JoinRequest, JoinResponse
-from elastic.worker.locator import DriverLocator
-from elastic.worker.retries import bounded_retries
-from elastic.worker.transport import http_client
+from elastic.worker.driver_link.locator import DriverLocator
+from elastic.worker.driver_link.retries import bounded_retries
+from elastic.worker.driver_link.transport import http_client
 
 Response = TypeVar("Response", bound=BaseModel)
 

@@ -21,14 +21,14 @@ from elastic.errors import ElasticError
 from elastic.protocol.env import slot_variables
 from elastic.protocol.http import SlotInfo
 from elastic.worker import context
-from elastic.worker.client import DriverClient, EpochSuperseded
 from elastic.worker.config import WorkerConfig
 from elastic.worker.context import WorkerContext
-from elastic.worker.control import ControlClient
-from elastic.worker.membership import OFFER_WAIT, MembershipEvents
-from elastic.worker.process_group import create_group, device_for
-from elastic.worker.reachability import PeerWatch, probe_round
-from elastic.worker.store import DriverStore
+from elastic.worker.driver_link.control_client import ControlClient
+from elastic.worker.driver_link.http_client import DriverClient, EpochSuperseded
+from elastic.worker.driver_link.kv_store import DriverStore
+from elastic.worker.driver_link.membership_events import OFFER_WAIT, MembershipEvents
+from elastic.worker.group.process_group import create_group, device_for
+from elastic.worker.group.reachability import PeerWatch, probe_round
 
 log = logging.getLogger(__name__)
 

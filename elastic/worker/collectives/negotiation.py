@@ -7,7 +7,7 @@ Every direct collective enters here: `checked` for a call that completes before 
   flight on this rank holds (Horovod refuses it the same way: the call never happens on any
   rank, so the ranks stay in step); the error is a `CollectiveArgumentError`, which is a
   `ValueError` as Horovod's is;
-* exchange the call's description with the other ranks (`agreement.py`) and act on the
+* exchange the call's description with the other ranks (`checks.py`) and act on the
   rows' `Decision`, the same on every rank: raise the same `CollectiveArgumentError`
   everywhere (mismatched calls, or arguments of one rank that cannot work, such as alltoall
   splits), so that no rank goes on; run the call; or, where the calls differ only because
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from elastic.worker.agreement import (
+from elastic.worker.collectives.checks import (
     Call,
     Kind,
     Problem,
@@ -39,10 +39,10 @@ from elastic.worker.agreement import (
     problem_text,
     raise_disagreement,
 )
+from elastic.worker.collectives.handles import Handle, Pending
+from elastic.worker.collectives.process_sets import ProcessSet, Scope, scope
 from elastic.worker.context import WorkerContext, current, process_wide
 from elastic.worker.errors import CollectiveArgumentError, WorkerLostError
-from elastic.worker.handles import Handle, Pending
-from elastic.worker.process_sets import ProcessSet, Scope, scope
 
 __all__ = ["Start", "checked", "launch_deferred", "pending_codes", "started", "wait_deferred"]
 
@@ -51,7 +51,7 @@ Rows = list[list[int]]
 # is off) -> the pending operation.
 Start = Callable[[Scope, Rows | None], Pending]
 
-_ANNOUNCED = 3  # deferred calls a row names (agreement.PENDING)
+_ANNOUNCED = 3  # deferred calls a row names (checks.PENDING)
 
 
 def checked(

@@ -21,8 +21,8 @@ from elastic.protocol.beats import (
     parse_refused,
     take_frames,
 )
-from elastic.worker.retries import Backoff, Outage
-from elastic.worker.transport import pinned_ssl_context
+from elastic.worker.driver_link.retries import Backoff, Outage
+from elastic.worker.driver_link.transport import pinned_ssl_context
 
 CONNECT_TIMEOUT = 5.0  # seconds to connect (and with TLS, shake hands), at most
 SEND_TIMEOUT = 5.0  # seconds one beat may wait for room in the socket before it reconnects

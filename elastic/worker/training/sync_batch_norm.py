@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own alias
 
-from elastic.worker.reduction import Sum
-from elastic.worker.reductions import allreduce
+from elastic.worker.collectives.allreduces import allreduce
+from elastic.worker.collectives.reduce_ops import Sum
 
 __all__ = ["SyncBatchNorm"]
 

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import torch
 
 from elastic.worker import context
+from elastic.worker.collectives.handles import wait
+from elastic.worker.collectives.process_sets import Scope
 from elastic.worker.errors import CollectiveArgumentError
-from elastic.worker.handles import wait
-from elastic.worker.process_sets import Scope
 from elastic.worker.torch_versions import all_gather_single
 
 __all__ = [
