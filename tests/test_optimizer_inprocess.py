@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from elastic.worker import context
-from elastic.worker.collectives.allgathers import broadcast
+from elastic.worker.collectives.broadcasts import broadcast
 from elastic.worker.collectives.compression import Compression
 from elastic.worker.context import NotInitializedError, current
 from elastic.worker.driver_link.membership_events import MembershipEvents

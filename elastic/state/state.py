@@ -28,8 +28,8 @@ from elastic.state.durable import DurableWriter, durable_writer
 from elastic.state.host_messages import HostMessages
 from elastic.state.loadable import UnloadableCommit, refusal_of
 from elastic.worker import context
-from elastic.worker.collectives.allgathers import broadcast_object
 from elastic.worker.collectives.allreduces import allreduce
+from elastic.worker.collectives.objects import broadcast_object
 from elastic.worker.collectives.reduce_ops import Max, Sum
 from elastic.worker.errors import HostsUpdatedInterrupt
 

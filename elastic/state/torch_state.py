@@ -17,7 +17,7 @@ import torch
 
 from elastic.state.sampler import ElasticSampler, merge_sampler_states
 from elastic.state.state import ObjectState
-from elastic.worker.collectives.allgathers import allgather_object, broadcast_object
+from elastic.worker.collectives.objects import allgather_object, broadcast_object
 from elastic.worker.training.state_broadcasts import (
     broadcast_optimizer_state,
     broadcast_parameters,

@@ -24,15 +24,6 @@ from elastic.worker.capabilities import (
 from elastic.worker.collectives.allgathers import (
     allgather,
     allgather_async,
-    allgather_object,
-    alltoall,
-    alltoall_async,
-    barrier,
-    broadcast,
-    broadcast_,
-    broadcast_async,
-    broadcast_async_,
-    broadcast_object,
     grouped_allgather,
     grouped_allgather_async,
 )
@@ -45,16 +36,20 @@ from elastic.worker.collectives.allreduces import (
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
-    grouped_reducescatter,
-    grouped_reducescatter_async,
-    reducescatter,
-    reducescatter_async,
-    sparse_allreduce_async,
+)
+from elastic.worker.collectives.alltoalls import alltoall, alltoall_async
+from elastic.worker.collectives.barrier import barrier
+from elastic.worker.collectives.broadcasts import (
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
 )
 from elastic.worker.collectives.checks import collective_checks, set_collective_checks
 from elastic.worker.collectives.compression import Compression
 from elastic.worker.collectives.handles import Handle, poll, synchronize
 from elastic.worker.collectives.join import join
+from elastic.worker.collectives.objects import allgather_object, broadcast_object
 from elastic.worker.collectives.process_sets import (
     ProcessSet,
     add_process_set,
@@ -62,6 +57,13 @@ from elastic.worker.collectives.process_sets import (
     remove_process_set,
 )
 from elastic.worker.collectives.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from elastic.worker.collectives.reducescatters import (
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    reducescatter,
+    reducescatter_async,
+)
+from elastic.worker.collectives.sparse_allreduce import sparse_allreduce_async
 from elastic.worker.config import NotLaunchedError
 from elastic.worker.context import NotInitializedError
 from elastic.worker.errors import (

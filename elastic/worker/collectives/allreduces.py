@@ -1,18 +1,18 @@
-"""Horovod's reducing collectives: allreduce, grouped allreduce, reducescatter (grouped too),
-and the sparse allreduce, over `torch.distributed`.
+"""Horovod's allreduce and grouped allreduce over `torch.distributed`, in place or not,
+blocking or asynchronous.
 
 Semantics are Horovod's: `op` is Average (default), Sum, Min, Max or Product; the result is
 `postscale * op(prescale * tensor)`; Average sums first and divides after (floor division
 for integers). Every dtype Horovod supports works; those a backend cannot reduce are reduced
-in a wider type and cast back (`reduce_ops.py`).
+in a wider type and cast back (`wire_dtypes.py`). A grouped allreduce fuses its tensors into
+one buffer per (device, dtype).
 
 Checks: a direct call first agrees with the other ranks on its arguments (`negotiation.py`);
 a mismatch raises `CollectiveArgumentError` on every rank. Failures: a lost peer or a broken
 round raises `WorkerLostError`; an in-place call that fails leaves its tensor unspecified.
 
 Gradients (Horovod's definitions): allreduce and grouped allreduce reduce the gradient with
-the same op and factors (Average and Sum only); reducescatter allgathers the gradient and
-multiplies it by the same factors, and by the number of ranks for Sum.
+the same op and factors (Average and Sum only).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elastic.worker.collectives.checks import Kind, Problem
+from elastic.worker.collectives.checks import Kind
 from elastic.worker.collectives.compression import Compression, Compressor
 from elastic.worker.collectives.handles import Handle, Pending, complete
 from elastic.worker.collectives.negotiation import checked, started
@@ -36,8 +36,8 @@ from elastic.worker.collectives.reduce_ops import (
     resolve_op,
     scale_,
     torch_op,
-    wire_dtype,
 )
+from elastic.worker.collectives.wire_dtypes import wire_dtype
 from elastic.worker.context import current
 
 __all__ = [
@@ -49,11 +49,6 @@ __all__ = [
     "grouped_allreduce_",
     "grouped_allreduce_async",
     "grouped_allreduce_async_",
-    "grouped_reducescatter",
-    "grouped_reducescatter_async",
-    "reducescatter",
-    "reducescatter_async",
-    "sparse_allreduce_async",
 ]
 
 
@@ -395,243 +390,3 @@ def grouped_allreduce_async_(
         "hvd.grouped_allreduce_async_", tensors, True, True, average, name, op,
         prescale_factor, postscale_factor, process_set,
     )  # fmt: skip
-
-
-# --- reducescatter --------------------------------------------------------------------------
-
-
-def _split_rows(rows: int, size: int) -> list[int]:
-    """Horovod's split of dimension 0: the first `rows % size` ranks get one row more."""
-    return [rows // size + (1 if r < rows % size else 0) for r in range(size)]
-
-
-def _start_reducescatter(
-    where: Scope,
-    tensors: Sequence[torch.Tensor],
-    op: ReduceOp,
-    prescale: float,
-    postscale: float,
-) -> Pending:
-    """Launch one reducescatter per tensor; the pending result is this rank's slices."""
-    works: list[dist.Work] = []
-    outputs = []
-    for tensor in tensors:
-        wire = wire_dtype(tensor.dtype)
-        work = tensor.to(wire, memory_format=torch.contiguous_format, copy=True)
-        scale_(work, prescale)
-        split = _split_rows(work.shape[0], where.size)
-        out = work.new_empty((split[where.rank], *work.shape[1:]))
-        if work.numel() > 0:
-            pieces = list(work.split(split))
-            works.append(
-                dist.reduce_scatter(out, pieces, op=torch_op(op), group=where.group, async_op=True)
-            )
-        outputs.append((out, tensor.dtype))
-
-    def finish() -> list[torch.Tensor]:
-        results = []
-        for out, dtype in outputs:
-            finish_(out, op, postscale, where.size)
-            results.append(out if out.dtype == dtype else out.to(dtype))
-        return results
-
-    return works, finish
-
-
-def _reducescatter_op(op: int | None) -> ReduceOp:
-    resolved = resolve_op(op, None)
-    if resolved not in (Average, Sum):
-        raise NotImplementedError("reducescatter supports only Average and Sum, as Horovod")
-    return resolved
-
-
-def _scalar_problem(tensors: Sequence[torch.Tensor]) -> Problem:
-    """SCALAR where a tensor has no dimension 0 to split or gather."""
-    return Problem.SCALAR if any(t.dim() == 0 for t in tensors) else Problem.NONE
-
-
-class _ReducescatterFunction(torch.autograd.Function):
-    """Differentiable reducescatter, as Horovod defines its gradient: the allgathered
-    gradient times the forward's factors, and times the number of ranks for Sum."""
-
-    @staticmethod
-    def forward(fctx: Any, op, pre, post, where: Scope, ps: ProcessSet, *tensors: torch.Tensor):
-        fctx.op, fctx.pre, fctx.post, fctx.ps = op, pre, post, ps
-        fctx.rows = [t.shape[0] for t in tensors]
-        return tuple(complete(_start_reducescatter(where, tensors, op, pre, post)))
-
-    @staticmethod
-    def backward(fctx: Any, *grads: torch.Tensor):
-        from elastic.worker.collectives.allgathers import (
-            gather_rows,  # movement imports this module
-        )
-
-        ctx = current("hvd.reducescatter (backward)")
-        where = scope(ctx, fctx.ps, "hvd.reducescatter (backward)")
-        factor = fctx.pre * fctx.post * (where.size if fctx.op == Sum else 1)
-        gathered = []
-        for grad, rows in zip(grads, fctx.rows, strict=True):
-            full = gather_rows(where, grad.contiguous(), _split_rows(rows, where.size))
-            scale_(full, factor)
-            gathered.append(full)
-        return (None, None, None, None, None, *gathered)
-
-
-def _reducescatter(
-    what: str,
-    tensors: Sequence[torch.Tensor],
-    name: str | None,
-    compression: type[Compressor],
-    op: int | None,
-    process_set: ProcessSet,
-    prescale: float,
-    postscale: float,
-    grouped: bool,
-) -> list[torch.Tensor]:
-    ctx = current(what)
-    resolved = _reducescatter_op(op)
-    kind = Kind.GROUPED_REDUCESCATTER if grouped else Kind.REDUCESCATTER
-    problem = _scalar_problem(tensors)
-    where, _ = checked(
-        ctx, process_set, kind, what, tensors, op=resolved, name=name, problem=problem
-    )
-    compressed = [compression.compress(t) for t in tensors]
-    inputs = [c for c, _ in compressed]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        outs = _ReducescatterFunction.apply(
-            resolved, prescale, postscale, where, process_set, *inputs
-        )
-    else:
-        outs = complete(_start_reducescatter(where, inputs, resolved, prescale, postscale))
-    return [compression.decompress(o, c) for o, (_, c) in zip(outs, compressed, strict=True)]
-
-
-def reducescatter(
-    tensor: torch.Tensor,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int | None = Average,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> torch.Tensor:
-    """Reduce `tensor` over the ranks and return this rank's slice of dimension 0 (the first
-    `rows % size` ranks get one row more). Average or Sum; differentiable."""
-    return _reducescatter(
-        "hvd.reducescatter", [tensor], name, compression, op, process_set,
-        prescale_factor, postscale_factor, grouped=False,
-    )[0]  # fmt: skip
-
-
-def grouped_reducescatter(
-    tensors: Sequence[torch.Tensor],
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int | None = Average,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> list[torch.Tensor]:
-    """`reducescatter` of each tensor of a list; differentiable."""
-    return _reducescatter(
-        "hvd.grouped_reducescatter", list(tensors), name, compression, op, process_set,
-        prescale_factor, postscale_factor, grouped=True,
-    )  # fmt: skip
-
-
-def _reducescatter_async(
-    what: str,
-    tensors: Sequence[torch.Tensor],
-    name: str | None,
-    op: int | None,
-    process_set: ProcessSet,
-    prescale: float,
-    postscale: float,
-    grouped: bool,
-) -> Handle:
-    ctx = current(what)
-    resolved = _reducescatter_op(op)
-    kind = Kind.GROUPED_REDUCESCATTER if grouped else Kind.REDUCESCATTER
-
-    def start(where: Scope, _rows: object) -> Pending:
-        works, finish = _start_reducescatter(where, tensors, resolved, prescale, postscale)
-        return works, finish if grouped else (lambda: finish()[0])
-
-    return started(
-        ctx, process_set, kind, what, tensors, start,
-        op=resolved, name=name, problem=_scalar_problem(tensors),
-    )  # fmt: skip
-
-
-def reducescatter_async(
-    tensor: torch.Tensor,
-    name: str | None = None,
-    op: int | None = Average,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> Handle:
-    """Start `reducescatter`; `synchronize(handle)` returns this rank's slice."""
-    return _reducescatter_async(
-        "hvd.reducescatter_async", [tensor], name, op, process_set,
-        prescale_factor, postscale_factor, grouped=False,
-    )  # fmt: skip
-
-
-def grouped_reducescatter_async(
-    tensors: Sequence[torch.Tensor],
-    name: str | None = None,
-    op: int | None = Average,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> Handle:
-    """Start `grouped_reducescatter`; `synchronize(handle)` returns the list of slices."""
-    return _reducescatter_async(
-        "hvd.grouped_reducescatter_async", list(tensors), name, op, process_set,
-        prescale_factor, postscale_factor, grouped=True,
-    )  # fmt: skip
-
-
-# --- sparse ---------------------------------------------------------------------------------
-
-
-def sparse_allreduce_async(
-    tensor: torch.Tensor,
-    name: str | None,
-    op: int | None,
-    process_set: ProcessSet = global_process_set,
-) -> Handle:
-    """Start the allreduce of a sparse COO tensor, as Horovod: indices and values are
-    allgathered (named `NAME.indices` and `NAME.values`), so the result holds every rank's
-    entries (duplicates add up when it is coalesced); Average divides the values by the
-    number of ranks. Returns a handle that is called, as Horovod's (`handle()`), or passed to
-    `synchronize()`; both return the sparse result."""
-    from elastic.worker.collectives.allgathers import (
-        allgather_async,  # movement imports this module
-    )
-
-    resolved = resolve_op(op, None)
-    if resolved not in (Average, Sum):
-        raise NotImplementedError("sparse_allreduce_async supports only Average and Sum")
-    source = tensor.coalesce() if not tensor.is_coalesced() else tensor
-    indices = allgather_async(
-        source.indices().t().contiguous(),
-        name=None if name is None else f"{name}.indices",
-        process_set=process_set,
-    )
-    values = allgather_async(
-        source.values(),
-        name=None if name is None else f"{name}.values",
-        process_set=process_set,
-    )
-    size = len(process_set.ranks)
-
-    def finish() -> torch.Tensor:
-        gathered_values = values._complete()
-        gathered_indices = indices._complete()
-        if resolved == Average:
-            gathered_values = gathered_values / size
-        return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, source.shape)
-
-    return Handle(([], finish), parts=(indices, values))

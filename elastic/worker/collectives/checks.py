@@ -48,6 +48,7 @@ __all__ = [
     "name_code",
     "problem_text",
     "raise_disagreement",
+    "scalar_problem",
     "set_collective_checks",
 ]
 
@@ -115,6 +116,11 @@ PENDING = (PEND0, PEND1, PEND2)
 def _crc(text: str) -> int:
     """A hash that is the same in every process (Python's `hash` of a str is not)."""
     return zlib.crc32(text.encode())
+
+
+def scalar_problem(tensors: Sequence[torch.Tensor]) -> Problem:
+    """SCALAR where a tensor has no dimension 0 to split or gather, else NONE."""
+    return Problem.SCALAR if any(t.dim() == 0 for t in tensors) else Problem.NONE
 
 
 def name_code(name: str | None) -> int:

@@ -110,7 +110,7 @@ class Handle:
 
     __slots__ = (
         "_works", "_finish", "_result", "_done", "_name", "_ctx", "_start", "_call", "_scope",
-        "_error", "_parts", "__weakref__",
+        "_await_start", "_error", "_parts", "__weakref__",
     )  # fmt: skip
 
     def __init__(
@@ -122,18 +122,21 @@ class Handle:
         start: Callable[[Any, Any], Pending] | None = None,
         call: Any = None,
         scope: Any = None,
+        await_start: Callable[[Handle], None] | None = None,
         parts: tuple[Handle, ...] = (),
     ) -> None:
         """`pending`: the launched operation; or None with `start(scope, rows)` that launches
-        it later, `call` (its `checks.Call`) and `scope`: a deferred operation. `parts`:
-        operations whose results `pending`'s post-processing waits for (it is complete when
-        they are)."""
+        it later, `call` (its `checks.Call`), `scope`, and `await_start(handle)` that waits
+        until the other ranks start it (`negotiation.wait_deferred`): a deferred operation.
+        `parts`: operations whose results `pending`'s post-processing waits for (it is
+        complete when they are)."""
         self._works, self._finish = pending if pending is not None else ([], _no_result)
         self._result: Any = None
         self._done = False
         self._error: BaseException | None = None
         self._name, self._ctx = name, ctx
         self._start, self._call, self._scope = start, call, scope
+        self._await_start = await_start
         self._parts = parts
         if name is not None and ctx is not None:
             ctx.in_flight.hold(name, self, deferred=pending is None)
@@ -174,11 +177,8 @@ class Handle:
         if not self._done:
             try:
                 if self.deferred:
-                    from elastic.worker.collectives.negotiation import (
-                        wait_deferred,  # it imports this
-                    )
-
-                    wait_deferred(self)
+                    assert self._await_start is not None, "a deferred handle says how to wait"
+                    self._await_start(self)
                 self._result = complete((self._works, self._finish))
             finally:
                 if self._ctx is not None and not self.deferred:

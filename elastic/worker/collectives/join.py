@@ -38,7 +38,7 @@ from elastic.worker.collectives.checks import (
 from elastic.worker.collectives.handles import wait
 from elastic.worker.collectives.negotiation import launch_deferred, pending_codes
 from elastic.worker.collectives.process_sets import Scope, global_process_set, scope
-from elastic.worker.collectives.reduce_ops import wire_dtype
+from elastic.worker.collectives.wire_dtypes import wire_dtype
 from elastic.worker.errors import CollectiveArgumentError
 
 __all__ = ["join"]

@@ -101,7 +101,9 @@ def started(
         return Handle(start(where, None), name, ctx)
     rows = _negotiate(ctx, where, call)
     if rows is None:
-        return Handle(None, name, ctx, start=start, call=call, scope=where)
+        return Handle(
+            None, name, ctx, start=start, call=call, scope=where, await_start=wait_deferred
+        )
     return Handle(start(where, rows), name, ctx)
 
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from elastic.worker.collectives.allgathers import gather_rows
 from elastic.worker.collectives.handles import wait
 from elastic.worker.collectives.process_sets import Scope
+from elastic.worker.collectives.row_gather import gather_rows
 from elastic.worker.errors import CollectiveArgumentError
 from elastic.worker.torch_versions import all_gather_single
 

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elastic.worker.collectives.allgathers import broadcast_object
 from elastic.worker.collectives.handles import wait
+from elastic.worker.collectives.objects import broadcast_object
 from elastic.worker.context import current
 
 __all__ = ["broadcast_optimizer_state", "broadcast_parameters"]
