@@ -66,7 +66,7 @@ def one_rank_group() -> None:
     )
     device = torch.device("cpu")
     context.activate(
-        context.WorkerContext(slot=slot, epoch=1, group=dist.group.WORLD, device=device)
+        context.WorkerContext(slot=slot, round=1, group=dist.group.WORLD, device=device)
     )
 
 

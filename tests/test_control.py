@@ -235,7 +235,7 @@ def test_register_and_heartbeats_reach_the_listener_at_the_interval(
     print(f"heartbeat interval {INTERVAL} s, measured mean gap {mean:.3f} s")
     assert INTERVAL * 0.5 < mean < INTERVAL * 3
 
-    client.set_epoch(7)
+    client.set_round(7)
     wait_until(lambda: any(b[2] == 7 for b in driver.listener.of("heartbeat", "w1")))
     client.set_commit(5)
     client.leave("drained")  # with its commit count: it may hold the newest one
@@ -347,7 +347,7 @@ def test_a_new_round_that_breaks_the_old_one_aborts_a_blocked_collective(
     )
     ctx = context.WorkerContext(
         slot=here,
-        epoch=3,
+        round=3,
         group=None,  # type: ignore[arg-type]
         device=torch.device("cpu"),
         events=events,

@@ -483,7 +483,7 @@ def live_server() -> Iterator[str]:
 
 def test_driver_store_implements_the_c10d_store_semantics(live_server: str) -> None:
     client = DriverClient(live_server, TOKEN, retry_for=5)
-    store = DriverStore(client, epoch=3, timeout=timedelta(seconds=1))
+    store = DriverStore(client, round_=3, timeout=timedelta(seconds=1))
     store.set("a", b"\x00\x01binary")
     assert store.get("a") == b"\x00\x01binary"
     assert store.add("n", 2) == 2 and store.add("n", 5) == 7
@@ -500,8 +500,8 @@ def test_driver_store_implements_the_c10d_store_semantics(live_server: str) -> N
         store.get("absent")
     with pytest.raises(TimeoutError):
         store.wait(["absent"], timedelta(seconds=0.2))
-    other_epoch = DriverStore(client, epoch=4, timeout=timedelta(seconds=0.2))
-    assert not other_epoch.check(["n"])
+    other_round = DriverStore(client, round_=4, timeout=timedelta(seconds=0.2))
+    assert not other_round.check(["n"])
     client.close()
 
 

@@ -295,7 +295,7 @@ def _word_of_an_ended_round() -> bool:
         if ctx.rank == 2 and step == 1:
             ctx.events.request_leave()  # agreed in step 1's allreduce...
         if step == 2:  # ...but the round ended first (at a commit): a new round, same group
-            ctx = dataclasses.replace(ctx, epoch=ctx.epoch + 1, events=MembershipEvents())
+            ctx = dataclasses.replace(ctx, round=ctx.round + 1, events=MembershipEvents())
             context.activate(ctx)
         opt.zero_grad()
         _loss(model, step, 0, ctx.rank).backward()

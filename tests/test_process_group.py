@@ -181,7 +181,7 @@ def test_a_peer_gone_while_three_ranks_connect_holds_the_others_ten_seconds_at_m
     connection timeouts (Gloo's side waiting for a peer to connect in waits that long; at the
     former 10 s timeout that was 50 s), or at once when their connection is refused. A store
     wait for a key the dead rank never wrote ends at the store's 12 s here; a `DriverStore`
-    ends it with `EpochSuperseded` when the next round forms. A rank whose connections all
+    ends it with `RoundSuperseded` when the next round forms. A rank whose connections all
     completed before the kill has formed the group; its first all-reduce fails instead, as
     fast."""
     context = multiprocessing.get_context("spawn")

@@ -1,7 +1,7 @@
 """State, ObjectState, TorchState and ElasticSampler, in real Gloo groups where collectives run.
 
 Membership changes are simulated inside one process group: a sub-group of ranks 0 and 1 plays
-the epoch after rank 2 died or left, and the full group the epoch in which it (re)joins.
+the round after rank 2 died or left, and the full group the round in which it (re)joins.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ N = 101  # samples in the sampler tests: not divisible by 2, 3 or the batch size
 BATCH = 3
 
 
-def _activate(rank: int, size: int, epoch: int, group: Any) -> context.WorkerContext:
-    return activate_on_one_host(rank, size, epoch, group)
+def _activate(rank: int, size: int, round_: int, group: Any) -> context.WorkerContext:
+    return activate_on_one_host(rank, size, round_, group)
 
 
 def _plain(value: Any) -> Any:
@@ -292,11 +292,11 @@ def _sync_and_updates() -> dict[str, Any]:
     fresh.sync()
     out["fresh_synced"] = (fresh.x, fresh.items, fresh.commit_count)
 
-    # membership: one rank hears of a new epoch; everyone raises at the same commit
-    def update(added: bool, on: int, next_epoch: int = 2) -> Any:
+    # membership: one rank hears of a new round; everyone raises at the same commit
+    def update(added: bool, on: int, next_round: int = 2) -> Any:
         def announce(events: MembershipEvents) -> None:
             if rank == on:
-                events.hosts_updated(HostsUpdate(next_epoch, added=added, removed=not added))
+                events.hosts_updated(HostsUpdate(next_round, added=added, removed=not added))
 
         return announce
 
@@ -307,7 +307,7 @@ def _sync_and_updates() -> dict[str, Any]:
     out["none"] = _commit_interrupts(state, lambda events: None)
     out["added"] = _commit_interrupts(state, update(True, on=2))
     out["removed"] = _commit_interrupts(state, update(False, on=0), at=3)
-    out["stale"] = _commit_interrupts(state, update(True, on=1, next_epoch=1))
+    out["stale"] = _commit_interrupts(state, update(True, on=1, next_round=1))
     out["leave"] = _commit_interrupts(state, leave)
 
     # before the interrupt, samplers merge what each rank recorded on its own
@@ -340,7 +340,7 @@ def test_sync_from_newest_commit_and_host_updates() -> None:
         assert o["none"] is None
         assert o["added"] == (2, False)
         assert o["removed"] == (3, True)
-        assert o["stale"] is None  # next_epoch 1 is not newer than the current epoch 1
+        assert o["stale"] is None  # next_round 1 is not newer than the current round 1
         assert o["leave"] == (2, True)
         assert o["merge"] == (0, True)
         assert o["merged"] == [0, 1, 2, 50, 51, 52]
@@ -411,7 +411,7 @@ def _train(state: TorchState, first: int, stop: int | None) -> None:
 
 
 def _counts(state: TorchState) -> dict[str, Any]:
-    state.sampler.reset()  # the shard left, as a re-formed epoch would compute it
+    state.sampler.reset()  # the shard left, as a re-formed round would compute it
     return {
         "counts": state.model.counts.tolist(),
         "processed": len(state.sampler.processed_indices),
@@ -428,11 +428,11 @@ def _elastic_epochs() -> dict[str, Any]:
     state.sync()
     out["shard"] = list(state.sampler)
 
-    # epoch 0 on 3 ranks: commit after 3 batches; batch 3 is lost when rank 2 dies
+    # data epoch 0 on 3 ranks (round 1): commit after 3 batches; batch 3 is lost when rank 2 dies
     _train(state, 0, 3)
     state.commit()
     _train(state, 3, 4)
-    if rank < 2:  # epoch 2: ranks 0 and 1 restore, re-form, sync, go on
+    if rank < 2:  # round 2: ranks 0 and 1 restore, re-form, sync, go on
         _activate(rank, 2, 2, pair)
         state.restore()
         state.on_reset()
@@ -442,7 +442,7 @@ def _elastic_epochs() -> dict[str, Any]:
         state.commit()
     else:  # rank 2 comes back as a fresh worker with garbage state
         state = TorchState(model=_Counter(garbage=True), sampler=ElasticSampler(range(N), seed=7))
-    _activate(rank, 3, 3, world.group)  # epoch 3: all three again
+    _activate(rank, 3, 3, world.group)  # round 3: all three again
     state.on_reset()
     state.sync()
     out["after_join"] = _counts(state)
@@ -450,7 +450,7 @@ def _elastic_epochs() -> dict[str, Any]:
     state.commit()
     out["epoch0"] = _counts(state)
 
-    # epoch 1: rank 2 is asked to leave; no restore, no sync, only a re-shard
+    # data epoch 1: rank 2 is asked to leave (then round 4); no restore, no sync, only a re-shard
     state.sampler.set_epoch(1)
     state.model.counts.zero_()
     state.commit()

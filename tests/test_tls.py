@@ -203,7 +203,7 @@ def test_a_worker_heartbeats_over_tls(loop: Loop, identity: TlsIdentity) -> None
     try:
         client.start()
         listener.wait_for("heartbeat", "w1", count=3)
-        client.set_epoch(3)  # carried by the next messages of the same stream
+        client.set_round(3)  # carried by the next messages of the same stream
         # Beats sent before it may still be on their way (the port is read 10 times a second,
         # a beat goes every 0.05 s): wait for the first that says 3, then two more.
         beats = lambda: listener.of("heartbeat", "w1")  # noqa: E731

@@ -26,7 +26,7 @@ class WorkerGroupError(AssertionError):
     """A rank raised, exited without a result, or the group ran past its timeout."""
 
 
-def activate_on_one_host(rank: int, size: int, epoch: int, group: Any) -> Any:
+def activate_on_one_host(rank: int, size: int, round_: int, group: Any) -> Any:
     """Install (and return) a worker context for `rank` of `size` workers, all on "localhost",
     over `group`. Imports lazily, like the rest of this module, to keep the parent light."""
     import torch
@@ -43,7 +43,7 @@ def activate_on_one_host(rank: int, size: int, epoch: int, group: Any) -> Any:
         local_size=size,
         cross_size=1,
     )
-    ctx = context.WorkerContext(slot=slot, epoch=epoch, group=group, device=torch.device("cpu"))
+    ctx = context.WorkerContext(slot=slot, round=round_, group=group, device=torch.device("cpu"))
     context.activate(ctx)
     return ctx
 
@@ -69,7 +69,7 @@ def _rank_main(
         )
         group = dist.group.WORLD
         assert group is not None
-        activate_on_one_host(rank, size, epoch=1, group=group)
+        activate_on_one_host(rank, size, round_=1, group=group)
         outcome: dict[str, Any] = {"result": fn(*args)}
     except BaseException:
         outcome = {"error": traceback.format_exc()}

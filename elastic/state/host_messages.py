@@ -27,7 +27,7 @@ class HostMessages:
             ctx = context.current("state._host_messages")
         except context.NotInitializedError:
             return True
-        return ctx.events.pending_update(ctx.epoch) is None
+        return ctx.events.pending_update(ctx.round) is None
 
     def qsize(self) -> int:
         """1 when a host update is pending for this worker (all announced updates count as

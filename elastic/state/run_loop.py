@@ -23,7 +23,7 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
 
     The wrapper syncs `state` from the rank holding the newest commit, then calls `func`.
     When a peer dies (`WorkerLostError` from a collective), it restores the last commit,
-    re-joins the next epoch, calls the state's reset callbacks, syncs (only where the
+    re-joins the next round, calls the state's reset callbacks, syncs (only where the
     survivors' commits differ, or a new worker joins), and calls `func` again.
     When the membership changes (`HostsUpdatedInterrupt`, raised by `state.commit()` on every
     rank at the same step, or by `DistributedOptimizer.step()` when a member leaves: `func`

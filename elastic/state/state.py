@@ -52,7 +52,7 @@ class State:
     """Base class: subclasses implement `save()`, `restore()` and `sync_from(root_rank)`.
 
     `save`, `restore` and `on_reset` are local. `commit`, `check_host_updates` and `sync`
-    are collectives: every rank of the current epoch must call them in the same order, and
+    are collectives: every rank of the current round must call them in the same order, and
     they raise `NotInitializedError` without an active worker context.
     """
 
@@ -74,12 +74,12 @@ class State:
         return self._commit_count
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
-        """Add functions that `on_reset()` calls, in order, after every re-formed epoch (e.g. to
+        """Add functions that `on_reset()` calls, in order, after every re-formed round (e.g. to
         rescale the learning rate to the new `hvd.size()`)."""
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
-        """Called by the run loop once a new epoch is formed, before `sync()`: runs the reset
+        """Called by the run loop once a new round is formed, before `sync()`: runs the reset
         callbacks. An exception from a callback propagates to the run loop."""
         for callback in self._reset_callbacks:
             callback()
@@ -121,7 +121,7 @@ class State:
 
     def check_host_updates(self) -> None:
         """Raise `HostsUpdatedInterrupt` on every rank if any rank has been told of a newer
-        epoch or has been asked to leave.
+        round or has been asked to leave.
 
         One small allreduce (MAX of [update pending, workers added, leaving]) makes all ranks
         agree, so they raise at the same call even when the driver's notice reached only some
@@ -134,7 +134,7 @@ class State:
         """`check_host_updates()`, whose allreduce also carries whether this rank `refused`
         to write the commit (why, in words): then every rank raises `UnloadableCommit`."""
         ctx = context.current("State.check_host_updates")
-        update = ctx.events.pending_update(ctx.epoch)
+        update = ctx.events.pending_update(ctx.round)
         flags = torch.tensor(
             [
                 update is not None,
@@ -275,7 +275,7 @@ class State:
         (samples recorded with `record_indices`), or the ranks' commit counts differ, or none
         holds the job's newest commit; else nothing beyond one small allreduce.
 
-        A collective: every rank of the epoch calls it, each with its own view. Ranks at the
+        A collective: every rank of the round calls it, each with its own view. Ranks at the
         same commit count hold the same state (every commit is taken at the same step on
         every rank, and a sync makes the counts equal), so the run loop passes False after a
         membership change that, as this rank saw it, added nobody, and after a restore."""

@@ -199,7 +199,7 @@ class TorchState(ObjectState):
       epoch and the union of the processed indices of every rank (an `allgather_object`),
       so after a shrink or grow each sample of the epoch is processed once; `on_reset()`
       re-shards them for the new rank and size, and when membership changes they are merged
-      across the old epoch's ranks before `HostsUpdatedInterrupt` is raised;
+      across the old round's ranks before `HostsUpdatedInterrupt` is raised;
     * anything else: as in `ObjectState` (deep copies, `broadcast_object`).
 
     `model` and `optimizer` left as None are plain attributes, not tracked. Assigning a new
@@ -303,5 +303,5 @@ class TorchState(ObjectState):
     def prepare_to_reform(self) -> None:
         for handler in self._handlers.values():
             if isinstance(handler, _SamplerHandler):
-                handler.merge(0)  # every rank is at the same commit, so in the same epoch
+                handler.merge(0)  # every rank is at the same commit, so in the same data epoch
                 handler.save()

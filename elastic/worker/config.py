@@ -12,7 +12,7 @@ class WorkerConfig(WorkerEnvironment):
 
     @property
     def rejoin_timeout(self) -> float:
-        """How long a member waits for its next epoch: the driver may wait for joiners (to
+        """How long a member waits for its next round: the driver may wait for joiners (to
         start, or to take this worker's state over) up to its elastic timeout."""
         return self.start_timeout + (self.elastic_timeout if self.elastic else 0.0)
 

@@ -38,14 +38,14 @@ class NotInitializedError(ElasticError, RuntimeError):
 
 @dataclass
 class WorkerContext:
-    """What one formed epoch gives a worker: its slot, the group and the device it uses.
+    """What one formed round gives a worker: its slot, the group and the device it uses.
 
-        `events` is the process's one `MembershipEvents`, carried from epoch to epoch; `config`,
+    `events` is the process's one `MembershipEvents`, carried from round to round; `config`,
     `client` and `control` are carried the same way.
     """
 
     slot: SlotInfo
-    epoch: int
+    round: int  # the round's number
     group: dist.ProcessGroup
     device: torch.device
     events: MembershipEvents = field(default_factory=MembershipEvents)
@@ -58,8 +58,8 @@ class WorkerContext:
     on_commit: Callable[[int], None] | None = None  # told each state commit's count
     # told each durable write's outcome: (the newest commit written, whether this one failed)
     on_durable: Callable[[int, bool], None] | None = None
-    job_commit: int = 0  # the newest commit count the driver knew of when this epoch formed
-    store: dist.Store | None = None  # this epoch's store (the driver's KV under its prefix)
+    job_commit: int = 0  # the newest commit count the driver knew of when this round formed
+    store: dist.Store | None = None  # this round's store (the driver's KV under its prefix)
     peers: PeerWatch | None = None  # probes the peers of a collective that stays blocked
     in_flight: InFlight = field(default_factory=InFlight)  # named async calls not yet done
     # groups formed in this round before this one: init() after shutdown() forms another

@@ -11,7 +11,7 @@ from elastic.errors import ElasticError
 
 
 class WorkerLostError(ElasticError, RuntimeError):
-    """A collective failed because a peer died or the epoch was declared broken.
+    """A collective failed because a peer died or the round was declared broken.
 
     The run loop reacts by restoring the last commit (`state.restore()`), re-joining the
     rendezvous, and syncing state from the rank that holds the newest commit. Horovod calls
@@ -40,7 +40,7 @@ class HostsUpdatedInterrupt(ElasticError, RuntimeError):
 
     Nothing was lost, so the run loop does not restore; it re-joins the rendezvous and, unless
     `skip_sync` is true, syncs state. `skip_sync` is true when no worker joins (only removals
-    or a leave), so every member of the next epoch already holds the same state.
+    or a leave), so every member of the next round already holds the same state.
     """
 
     def __init__(self, skip_sync: bool = False, at_step: bool = False) -> None:

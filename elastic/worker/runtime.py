@@ -38,7 +38,7 @@ def init(comm: Any = None, process_sets: Sequence[Any] | None = None) -> None:
     joined a running job included.
 
     Raises `NotLaunchedError` when the process was not started by `elasticrun` and
-    `DriverError` when no epoch with this worker forms within the start timeout. A worker
+    `DriverError` when no round with this worker forms within the start timeout. A worker
     the driver excluded before it joined (its host left the job, the job is ending, it got
     SIGTERM) ends with `SystemExit(0)`. In an elastic job, SIGTERM from here on makes the
     worker leave at its next commit (`leave_on_sigterm`). Unless the user set
@@ -132,7 +132,7 @@ def _resume(dormant: context.WorkerContext) -> None:
     config, client, control, peers = dormant.config, dormant.client, dormant.control, dormant.peers
     assert config is not None and client is not None and control is not None, "set by init()"
     assert peers is not None, "set by init()"
-    events, number = dormant.events, dormant.epoch
+    events, number = dormant.events, dormant.round
     try:
         if _moved_on(events, number):
             _say_leaving_again(events, control)
@@ -233,12 +233,12 @@ def _warm_up() -> None:
 
 
 def rejoin() -> None:
-    """Leave the current epoch's group and join the next epoch (the elastic run loop's step
+    """Leave the current round's group and join the next round (the elastic run loop's step
     after `WorkerLostError` or `HostsUpdatedInterrupt`).
 
     The old group is abandoned, not destroyed: one of its collectives may still be blocked on
     a dead peer. Raises `NotMemberError` when the driver excluded this worker (it leaves the
-    job), `DriverError` when no epoch with it forms within the start timeout.
+    job), `DriverError` when no round with it forms within the start timeout.
     """
     ctx = context.current("hvd.elastic reset")
     config, client, control, peers = ctx.config, ctx.client, ctx.control, ctx.peers
@@ -249,7 +249,7 @@ def rejoin() -> None:
     _say_leaving_again(ctx.events, control)
     try:
         enter_next_round(
-            config, client, control, ctx.events, peers, ctx.epoch, config.rejoin_timeout
+            config, client, control, ctx.events, peers, ctx.round, config.rejoin_timeout
         )
     except NotMemberError:
         _close(control, client, peers)
@@ -284,7 +284,7 @@ def shutdown() -> None:
     if not context.is_initialized():
         return
     ctx = context.current()
-    blocked = bool(ctx.in_flight) or ctx.events.broken(ctx.epoch) is not None
+    blocked = bool(ctx.in_flight) or ctx.events.broken(ctx.round) is not None
     clear_process_sets(keep_groups_alive=blocked)
     if blocked:
         abandon_group()
@@ -310,12 +310,12 @@ def is_initialized() -> bool:
 
 
 def rank() -> int:
-    """This worker's rank in the current epoch (0..size-1)."""
+    """This worker's rank in the current round (0..size-1)."""
     return context.current("hvd.rank()").slot.rank
 
 
 def size() -> int:
-    """Number of workers in the current epoch."""
+    """Number of workers in the current round."""
     return context.current("hvd.size()").slot.size
 
 

@@ -63,12 +63,12 @@ def _wait(ctx: WorkerContext, work: dist.Work) -> None:
         except RuntimeError as err:
             if "timed out" not in str(err).lower():
                 first = str(err).splitlines()[0].split(". ")[0][:200]
-                raise WorkerLostError(f"a collective of round {ctx.epoch} failed: {first}") from err
-        reason = ctx.events.broken(ctx.epoch)
+                raise WorkerLostError(f"a collective of round {ctx.round} failed: {first}") from err
+        reason = ctx.events.broken(ctx.round)
         if reason is not None:
-            raise WorkerLostError(f"round {ctx.epoch} is broken: {reason}")
+            raise WorkerLostError(f"round {ctx.round} is broken: {reason}")
         if ctx.peers is not None and ctx.store is not None:
-            ctx.peers.blocked(ctx.store, ctx.epoch, ctx.rank, ctx.size, started)
+            ctx.peers.blocked(ctx.store, ctx.round, ctx.rank, ctx.size, started)
         if time.monotonic() > deadline:
             raise RuntimeError(
                 f"a collective did not complete within {ctx.timeout:g} s (--collective-timeout)"

@@ -83,7 +83,7 @@ class ProcessSet:
         """This set's group in `ctx`'s round, formed among `members` on first use."""
         if self._ranks is None or len(members) == ctx.size:
             return ctx.group
-        if self._round != ctx.epoch or self._group is None:
+        if self._round != ctx.round or self._group is None:
             if self._group is not None:
                 abort_nccl(self._group)
                 context.bury(self._group)  # its round's collectives may still be blocked
@@ -92,7 +92,7 @@ class ProcessSet:
                 timeout=timedelta(seconds=ctx.timeout),
                 use_local_synchronization=True,
             )
-            self._round = ctx.epoch
+            self._round = ctx.round
         return self._group
 
 
@@ -166,6 +166,6 @@ def scope(ctx: WorkerContext, process_set: ProcessSet, what: str) -> Scope:
     members = tuple(process_set.ranks)
     if ctx.rank not in members:
         raise CollectiveArgumentError(
-            f"{what}: rank {ctx.rank} is not in {process_set!r} in round {ctx.epoch}"
+            f"{what}: rank {ctx.rank} is not in {process_set!r} in round {ctx.round}"
         )
     return Scope(process_set._group_in(ctx, members), members, members.index(ctx.rank))

@@ -93,7 +93,7 @@ class WorkerEvicted(ControlError):
 def exit_evicted() -> None:
     """The default `on_evicted`: log, flush the standard streams, `os._exit(EXIT_EVICTED)`.
 
-    A hard exit, because the driver already counts this worker out: its epoch was broken and
+    A hard exit, because the driver already counts this worker out: its round was broken and
     the survivors re-form without it; a worker that lingered (in a blocked collective, in a
     `finally`, in atexit handlers joining threads) would be a member nobody waits for."""
     log.error("the driver declared this worker dead: exiting with status %d", EXIT_EVICTED)
@@ -130,8 +130,8 @@ class ControlClient:
     `exit_evicted`: the process exits at once with status 1). `start` and `leave` raise
     `WorkerEvicted` instead (`on_evicted` is not called for a NOT_FOUND met while `start`
     runs). A refused token (UNAUTHENTICATED) after `start` is logged and retried like an
-    outage: a restarted driver of the same job accepts it again. Heartbeats carry the epoch
-    last given to `set_epoch` (0 before).
+    outage: a restarted driver of the same job accepts it again. Heartbeats carry the round
+    last given to `set_round` (0 before).
     """
 
     def __init__(
@@ -161,7 +161,7 @@ class ControlClient:
         self._locator = locator
         self._channel = control_channel(address, tls_cert, _CHANNEL_OPTIONS)
         self._stub = pb_grpc.ControlStub(self._channel)
-        self._epoch = 0
+        self._round = 0
         self._commit = 0
         self._durable = (0, False)
         self._lock = threading.Lock()
@@ -178,10 +178,10 @@ class ControlClient:
         """Seconds between heartbeats: the driver's answer to Register, else the fallback."""
         return self._heartbeat_interval
 
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch this worker is in; the next heartbeats carry it."""
+    def set_round(self, round_: int) -> None:
+        """The round this worker is in; the next heartbeats carry it."""
         with self._lock:
-            self._epoch = epoch
+            self._round = round_
 
     @property
     def commit(self) -> int:
@@ -423,10 +423,10 @@ class ControlClient:
             self._stop.wait(backoff.next())
 
     def _progress(self) -> tuple[int, int, int, bool, Activity]:
-        """What a heartbeat carries: the epoch, the commit count, the newest durable commit
+        """What a heartbeat carries: the round, the commit count, the newest durable commit
         written, whether the last durable write failed, and what the process is doing."""
         with self._lock:
-            return self._epoch, self._commit, *self._durable, self._activity()
+            return self._round, self._commit, *self._durable, self._activity()
 
     def _aim_heartbeats(self, headers: Any) -> None:
         """Send the heartbeats where the response headers of an accepted event stream say."""
@@ -441,8 +441,9 @@ class ControlClient:
 
     def _deliver(self, event: pb.Event) -> None:
         """Record `event` in the `MembershipEvents`. A `HostsUpdated` that carries a broken
-        epoch (`broken_epoch`) counts as an `EpochBroken` of it too, recorded after the
-        slot it offers and before the update."""
+        round (the wire's `broken_epoch`) counts as an `EpochBroken` event of that round too,
+        recorded after the slot it offers and before the update. (The wire's `epoch` fields
+        and the `EpochBroken` message keep their old names: each is a round.)"""
         kind = event.WhichOneof("kind")
         if kind == "hosts_updated":
             update = event.hosts_updated
@@ -464,7 +465,7 @@ class ControlClient:
                     )
                 )
             if update.broken_epoch:  # after the slot: a collective it aborts finds the slot
-                self._events.break_epoch(update.broken_epoch, update.broken_reason)
+                self._events.break_round(update.broken_epoch, update.broken_reason)
             if update.leave:  # let go: it leaves at its next step boundary, as on SIGTERM
                 self._events.request_leave()
             self._events.hosts_updated(
@@ -474,6 +475,6 @@ class ControlClient:
             )
         elif kind == "epoch_broken":
             broken = event.epoch_broken
-            self._events.break_epoch(broken.epoch, broken.reason, broken.rejoin)
+            self._events.break_round(broken.epoch, broken.reason, broken.rejoin)
         else:  # an event kind newer than this worker
             log.debug("ignoring an unknown control event %s", kind)

@@ -26,8 +26,8 @@ class KeyNotFound(DriverError):
     """A `get` found no value within its timeout (HTTP 404)."""
 
 
-class EpochSuperseded(DriverError):
-    """A newer epoch formed while waiting on this one's keys (HTTP 410): re-join."""
+class RoundSuperseded(DriverError):
+    """A newer round formed while waiting on this one's keys (HTTP 410): re-join."""
 
 
 class NotMemberError(DriverError):
@@ -106,27 +106,28 @@ class DriverClient:
         if answer.status_code == 404:
             raise KeyNotFound(answer.json().get("detail", "not found"))
         if answer.status_code == 410:
-            raise EpochSuperseded(answer.json().get("detail", "round superseded"))
+            raise RoundSuperseded(answer.json().get("detail", "round superseded"))
         if answer.status_code >= 400:
             raise DriverError(f"driver refused {path}: {answer.status_code} {answer.text}")
         return response.model_validate_json(answer.content)
 
     def join(
-        self, worker_id: str, after_epoch: int, timeout: float, commit: int = 0
+        self, worker_id: str, after_round: int, timeout: float, commit: int = 0
     ) -> JoinResponse:
-        """Join the first epoch newer than `after_epoch` that includes this worker, telling
+        """Join the first round newer than `after_round` that includes this worker, telling
         the driver how many commits its state holds (`commit`).
 
-        Returns the driver's `formed` answer (epoch, slot, the job's newest commit). Raises
+        Returns the driver's `formed` answer (its `epoch` is the round; the slot; the job's
+        newest commit). Raises
         `NotMemberError` if the driver excluded the worker (it must leave the job),
-        `DriverError` if no such epoch forms within `timeout` seconds.
+        `DriverError` if no such round forms within `timeout` seconds.
         """
         deadline = time.monotonic() + timeout
         while True:
             poll = max(0.0, min(30.0, deadline - time.monotonic()))
             request = JoinRequest(
                 worker_id=worker_id,
-                after_epoch=after_epoch,
+                after_epoch=after_round,  # the wire's old name for a round
                 pid=os.getpid(),
                 timeout=poll,
                 commit=commit,
@@ -138,6 +139,6 @@ class DriverClient:
                 return answer
             if time.monotonic() >= deadline:
                 raise DriverError(
-                    f"no round after {after_epoch} with worker {worker_id} formed within "
+                    f"no round after {after_round} with worker {worker_id} formed within "
                     f"{timeout:g} s"
                 )

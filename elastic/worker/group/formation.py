@@ -24,7 +24,7 @@ from elastic.worker import context
 from elastic.worker.config import WorkerConfig
 from elastic.worker.context import WorkerContext
 from elastic.worker.driver_link.control_client import ControlClient
-from elastic.worker.driver_link.http_client import DriverClient, EpochSuperseded
+from elastic.worker.driver_link.http_client import DriverClient, RoundSuperseded
 from elastic.worker.driver_link.kv_store import DriverStore
 from elastic.worker.driver_link.membership_events import OFFER_WAIT, MembershipEvents
 from elastic.worker.group.process_group import create_group, device_for
@@ -72,16 +72,16 @@ def enter_next_round(
         wait = OFFER_WAIT if events.slot_follows(after_round) else 0.0
         offer = events.offer_after(after_round, wait)
         if offer is not None:
-            number, slot, job_commit = offer.epoch, offer.slot, offer.job_commit
+            number, slot, job_commit = offer.round, offer.slot, offer.job_commit
         else:
             answer = client.join(config.worker_id, after_round, join_timeout, control.commit)
-            number, slot, job_commit = answer.epoch, answer.slot, answer.job_commit
+            number, slot, job_commit = answer.epoch, answer.slot, answer.job_commit  # epoch: round
         assert slot is not None
         store = DriverStore(client, number, timeout)
         try:
             _form(config, client, control, events, peers, number, slot, job_commit, store)
             return
-        except EpochSuperseded:
+        except RoundSuperseded:
             pass
         except RuntimeError as err:  # a peer went away while the ranks connected
             _probe_after_failure(control, peers, store, number, slot, err)
@@ -103,7 +103,7 @@ def form_again(ctx: WorkerContext) -> None:
     config, client, control, peers = ctx.config, ctx.client, ctx.control, ctx.peers
     assert config is not None and client is not None and control is not None, "set by init()"
     assert peers is not None, "set by init()"
-    number, slot, formation = ctx.epoch, ctx.slot, ctx.formation + 1
+    number, slot, formation = ctx.round, ctx.slot, ctx.formation + 1
     wait = timedelta(seconds=config.start_timeout)
     store = DriverStore(client, number, wait, prefix_of(formation))
     try:
@@ -112,7 +112,7 @@ def form_again(ctx: WorkerContext) -> None:
             formation,
         )  # fmt: skip
         return
-    except EpochSuperseded:
+    except RoundSuperseded:
         log.info(
             "rank %d: round %d ended while it formed again; joining the next", slot.rank, number
         )
@@ -153,11 +153,11 @@ def _form(
 ) -> None:
     """Form round `number`'s `formation`-th group over `store` (keyed with `prefix_of` it)
     and install the context.
-    Raises what `create_group` raises: `EpochSuperseded` once a newer round forms, a
+    Raises what `create_group` raises: `RoundSuperseded` once a newer round forms, a
     RuntimeError when a peer goes away while the ranks connect, TimeoutError when a peer does
     not come within the store's timeout."""
     context.process_wide().progress.new_round()  # before a beat can say the new round
-    control.set_epoch(number)
+    control.set_round(number)
     device = device_for(slot.local_rank)
     timeout = timedelta(seconds=config.collective_timeout)
     peers.publish(store, slot.rank)
@@ -166,7 +166,7 @@ def _form(
     context.activate(
         WorkerContext(
             slot=slot,
-            epoch=number,
+            round=number,
             group=group,
             device=device,
             events=events,

@@ -1,4 +1,4 @@
-"""Creating the process group of one epoch, and abandoning it when the epoch ends."""
+"""Creating the process group of one round, and abandoning it when the round ends."""
 
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ def create_group(
     timeout: timedelta,
     connect_timeout: timedelta = CONNECT_TIMEOUT,
 ) -> dist.ProcessGroup:
-    """Form the default process group over `store`; every rank of the epoch must call this.
+    """Form the default process group over `store`; every rank of the round must call this.
 
     Waiting for the other ranks to publish their addresses lasts as long as the store waits
-    (a `DriverStore`: `timeout`, or its `EpochSuperseded` as soon as a newer epoch forms).
+    (a `DriverStore`: `timeout`, or its `RoundSuperseded` as soon as a newer round forms).
     The connections between the ranks must then complete within `connect_timeout` (at most
     `timeout`; a rank waiting for a peer to connect in waits five times that): a peer that
     published its address and then died or stopped makes Gloo retry its connection, and this
@@ -63,7 +63,7 @@ def create_group(
 
 def _reset_group_names() -> None:
     """Make the next default group's name "0" in every process, as torch does when a default
-    group is destroyed. An `init_process_group` that failed (a peer never came, a newer epoch
+    group is destroyed. An `init_process_group` that failed (a peer never came, a newer round
     formed) has taken a name and registered nothing; without this, this process would key its
     rendezvous under "1" while a fresh joiner uses "0", and both would wait forever."""
     if not dist.is_initialized():

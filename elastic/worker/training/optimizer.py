@@ -47,7 +47,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         ctx = current("DistributedOptimizer.synchronize")
         where = Scope(group=ctx.group, members=tuple(range(ctx.size)), rank=ctx.rank)
-        self._reducer.synchronize(where, ctx.epoch)
+        self._reducer.synchronize(where, ctx.round)
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -66,7 +66,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         preemption notice), every rank raises `HostsUpdatedInterrupt` here instead, at the
         same step, before this step changes anything: the leaver goes, the others re-form
         and go on from the state after the last step, with nothing rolled back."""
-        if self._reducer.word.take(current("DistributedOptimizer.step").epoch):
+        if self._reducer.word.take(current("DistributedOptimizer.step").round):
             self._reducer.abandon()  # this step's gradients: it never happened
             self._synchronized = False
             raise HostsUpdatedInterrupt(skip_sync=True, at_step=True)
