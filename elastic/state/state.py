@@ -89,8 +89,8 @@ class State:
 
         Commits copy data (from the GPU, for tensors there): commit every few steps, trading
         the cost of a commit against the steps lost when a worker fails. If a peer dies
-        during the check, the `RuntimeError` of the collective propagates (the run loop turns
-        it into `WorkerLostError`); the snapshot has already been taken and counted.
+        during the check, the collective's `WorkerLostError` propagates (the run loop
+        restores and re-joins); the snapshot has already been taken and counted.
         Raises `HostsUpdatedInterrupt` on every rank alike when membership changes, and
         `UnloadableCommit` on every rank alike when this commit is due to be written to the
         checkpoint directory and holds a value a checkpoint cannot hold (see
@@ -126,7 +126,7 @@ class State:
         One small allreduce (MAX of [update pending, workers added, leaving]) makes all ranks
         agree, so they raise at the same call even when the driver's notice reached only some
         of them. `skip_sync` is true when no worker is added. Raises the collective's
-        `RuntimeError` if a peer dies.
+        `WorkerLostError` if a peer dies.
         """
         self._check_host_updates(None)
 
@@ -158,7 +158,7 @@ class State:
         """Run on every rank, in the round that ends, once all agreed to re-form (at a commit,
         or at a step when a member leaves), while the old group still works: subclasses merge
         what only some ranks know (samples recorded with `record_indices`). May use
-        collectives (their `RuntimeError` propagates)."""
+        collectives (their `WorkerLostError` propagates)."""
 
     @property
     def durable(self) -> DurableWriter | None:
@@ -197,7 +197,7 @@ class State:
 
     def newest_commit_rank(self) -> tuple[int, int]:
         """Return `(rank, commit_count)`: the lowest rank among those whose snapshot has the
-        highest commit counter. A collective (one allreduce); raises its `RuntimeError` if a
+        highest commit counter. A collective (one allreduce); raises its `WorkerLostError` if a
         peer dies."""
         survey = self._survey(needed=True)
         return survey.root, survey.newest
@@ -259,8 +259,8 @@ class State:
 
         The source is chosen collectively (`newest_commit_rank()`), so a freshly joined
         worker (counter 0) is never the source while some rank has committed. If a peer dies
-        meanwhile, the collective's `RuntimeError` propagates (the run loop turns it into
-        `WorkerLostError`) and this rank's state may be partly overwritten; its snapshot is
+        meanwhile, the collective's `WorkerLostError` propagates (the run loop restores and
+        re-joins) and this rank's state may be partly overwritten; its snapshot is
         untouched, so `restore()` recovers it.
 
         When no rank holds the newest commit the job had reached (the workers that held it
@@ -309,7 +309,7 @@ class State:
 
     def sync_from(self, root_rank: int) -> None:
         """Overwrite this rank's live state with `root_rank`'s (a collective; every rank calls
-        it with the same root). Raises the collective's `RuntimeError` if a peer dies."""
+        it with the same root). Raises the collective's `WorkerLostError` if a peer dies."""
         raise NotImplementedError
 
 

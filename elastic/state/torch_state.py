@@ -205,7 +205,7 @@ class TorchState(ObjectState):
     `model` and `optimizer` left as None are plain attributes, not tracked. Assigning a new
     object to a handled name (`state.model = other`) tracks it and snapshots it at once.
     Sync order is the order of the keyword arguments (handled objects first), the same on
-    every rank. If a peer dies in `sync()`, the collective's `RuntimeError` propagates with
+    every rank. If a peer dies in `sync()`, the collective's `WorkerLostError` propagates with
     the live state partly overwritten and the snapshot untouched.
     """
 

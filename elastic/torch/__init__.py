@@ -32,10 +32,6 @@ from elastic.worker.collectives.allreduces import (
     allreduce_,
     allreduce_async,
     allreduce_async_,
-    grouped_allreduce,
-    grouped_allreduce_,
-    grouped_allreduce_async,
-    grouped_allreduce_async_,
 )
 from elastic.worker.collectives.alltoalls import alltoall, alltoall_async
 from elastic.worker.collectives.barrier import barrier
@@ -47,6 +43,12 @@ from elastic.worker.collectives.broadcasts import (
 )
 from elastic.worker.collectives.checks import collective_checks, set_collective_checks
 from elastic.worker.collectives.compression import Compression
+from elastic.worker.collectives.grouped_allreduces import (
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+)
 from elastic.worker.collectives.handles import Handle, poll, synchronize
 from elastic.worker.collectives.join import join
 from elastic.worker.collectives.objects import allgather_object, broadcast_object

@@ -52,8 +52,31 @@ def allgather(
 ) -> torch.Tensor:
     """Concatenate every rank's `tensor` along dimension 0, in rank order.
 
-    Dimension 0 may differ between ranks; other dimensions and the dtype must match.
-    Differentiable."""
+    Dimension 0 may differ between ranks; the other dimensions and the dtype must match.
+
+    Args:
+        tensor: what this rank contributes, with at least one dimension; not modified.
+        name: a key for the call, as Horovod's: refused while a call of that name is in flight
+            on this rank; a named asynchronous call that the other ranks make later waits for
+            them.
+        process_set: the ranks that take part (default: all); its members, and only they, call
+            it.
+
+    Returns:
+        A new tensor, every member's rows in rank order; differentiable (the gradient is
+        averaged over the ranks, each taking its own rows).
+
+    Raises:
+        WorkerLostError: a peer of the call died or stopped answering, or the driver declared
+            the round broken (it does when any member of the job is lost), before the call
+            completed. The round is broken from then on: its collectives are not to be used
+            again; `hvd.elastic.run` restores the last commit and re-joins the next round.
+        CollectiveArgumentError: the ranks' arguments do not agree (raised on every rank, with
+            the same message, before any data moves), or `name` is held by a call still in
+            flight on this rank (raised on this rank alone).
+        RuntimeError: the call did not complete within `--collective-timeout`.
+        NotInitializedError: before `hvd.init()` or after `hvd.shutdown()`.
+    """
     ctx = current("hvd.allgather")
     what = "hvd.allgather"
     where, rows = checked(
@@ -76,8 +99,19 @@ def allgather_async(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
-    """Start `allgather` (the sizes are exchanged before it returns); `synchronize(handle)`
-    returns the concatenated tensor."""
+    """Start `allgather` and return at once (the ranks' sizes are exchanged before it returns).
+
+    Args:
+        As `allgather`.
+
+    Returns:
+        A `Handle`: `synchronize(handle)` returns the concatenated tensor.
+
+    Raises:
+        CollectiveArgumentError, NotInitializedError: as `allgather`, from this call.
+        WorkerLostError, RuntimeError: as `allgather`, from this call (the ranks agree on it
+            before it starts) or from `synchronize(handle)` (while the data moves).
+    """
     ctx = current("hvd.allgather_async")
 
     def start(where: Scope, rows: list[list[int]] | None) -> Pending:
@@ -121,7 +155,26 @@ def grouped_allgather(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
-    """`allgather` of each tensor of a list; differentiable."""
+    """`allgather` of each tensor of `tensors`.
+
+    Args:
+        tensors: what this rank contributes; not modified.
+        Others: as `allgather`.
+
+    Returns:
+        A list of new tensors, one per tensor of `tensors`; differentiable.
+
+    Raises:
+        WorkerLostError: a peer of the call died or stopped answering, or the driver declared
+            the round broken (it does when any member of the job is lost), before the call
+            completed. The round is broken from then on: its collectives are not to be used
+            again; `hvd.elastic.run` restores the last commit and re-joins the next round.
+        CollectiveArgumentError: the ranks' arguments do not agree (raised on every rank, with
+            the same message, before any data moves), or `name` is held by a call still in
+            flight on this rank (raised on this rank alone).
+        RuntimeError: the call did not complete within `--collective-timeout`.
+        NotInitializedError: before `hvd.init()` or after `hvd.shutdown()`.
+    """
     ctx = current("hvd.grouped_allgather")
     what = "hvd.grouped_allgather"
     kind = Kind.GROUPED_ALLGATHER
@@ -138,7 +191,19 @@ def grouped_allgather_async(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
-    """Start `grouped_allgather`; `synchronize(handle)` returns the list of results."""
+    """Start `grouped_allgather` and return at once.
+
+    Args:
+        As `grouped_allgather`.
+
+    Returns:
+        A `Handle`: `synchronize(handle)` returns the list of results.
+
+    Raises:
+        CollectiveArgumentError, NotInitializedError: as `allgather`, from this call.
+        WorkerLostError, RuntimeError: as `allgather`, from this call (the ranks agree on it
+            before it starts) or from `synchronize(handle)` (while the data moves).
+    """
     ctx = current("hvd.grouped_allgather_async")
     return started(
         ctx, process_set, Kind.GROUPED_ALLGATHER, "hvd.grouped_allgather_async", tensors,

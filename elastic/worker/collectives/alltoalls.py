@@ -114,15 +114,38 @@ def alltoall(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Send rows of `tensor` to every rank and receive theirs, as Horovod 0.28.
+    """Send rows of `tensor` to every rank of `process_set` and receive theirs, as Horovod 0.28.
 
-    `splits[i]` rows (in order, along dimension 0) go to rank i: integers, one per rank,
-    summing to at most dimension 0 (later rows are not sent); without splits dimension 0 is
-    divided equally (it must be a multiple of the number of ranks). Returns the received
-    rows in rank order, and, only when `splits` is given, also `received_splits` (rows from
-    each rank; `splits`' dtype if it is a tensor, else int32). Differentiable. Splits that
-    cannot work on any rank raise the same `CollectiveArgumentError` (a `ValueError`, as
-    Horovod's) on every rank.
+    Every member passes a tensor of the same dtype and shape beyond dimension 0.
+
+    Args:
+        tensor: the rows this rank sends; not modified.
+        splits: `splits[i]` rows (in order, along dimension 0) go to rank i: integers, one per
+            rank, not negative, summing to at most dimension 0 (later rows are not sent);
+            without them dimension 0 is divided equally and must be a multiple of the number of
+            ranks.
+        name: a key for the call, as Horovod's: refused while a call of that name is in flight
+            on this rank; a named asynchronous call that the other ranks make later waits for
+            them.
+        process_set: the ranks that take part (default: all); its members, and only they, call
+            it.
+
+    Returns:
+        The received rows in rank order, differentiable (gradients travel back along the
+        received splits); with `splits` given, the pair `(rows, received_splits)`: the rows from
+        each rank, in `splits`' dtype if it is a tensor, else int32.
+
+    Raises:
+        WorkerLostError: a peer of the call died or stopped answering, or the driver declared
+            the round broken (it does when any member of the job is lost), before the call
+            completed. The round is broken from then on: its collectives are not to be used
+            again; `hvd.elastic.run` restores the last commit and re-joins the next round.
+        CollectiveArgumentError (a `ValueError`, as Horovod's): the ranks' arguments do not
+            agree, or one rank's splits cannot work (raised on every rank, with the same
+            message, before any data moves), or `name` is held by a call still in flight on this
+            rank (raised on this rank alone).
+        RuntimeError: the call did not complete within `--collective-timeout`.
+        NotInitializedError: before `hvd.init()` or after `hvd.shutdown()`.
     """
     ctx = current("hvd.alltoall")
     send, problem, detail = _alltoall_sends(tensor, splits, _size(process_set))
@@ -153,8 +176,20 @@ def alltoall_async(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
-    """Start `alltoall` (splits are exchanged before it returns); `synchronize(handle)`
-    returns `(output, received_splits)` whether or not splits were given, as Horovod."""
+    """Start `alltoall` and return at once (the splits are exchanged before it returns).
+
+    Args:
+        As `alltoall`.
+
+    Returns:
+        A `Handle`: `synchronize(handle)` returns `(rows, received_splits)` whether or not
+        splits were given, as Horovod's.
+
+    Raises:
+        CollectiveArgumentError, NotInitializedError: as `alltoall`, from this call.
+        WorkerLostError, RuntimeError: as `alltoall`, from this call (the ranks agree on it
+            before it starts) or from `synchronize(handle)` (while the data moves).
+    """
     ctx = current("hvd.alltoall_async")
     send, problem, detail = _alltoall_sends(tensor, splits, _size(process_set))
     dtype = _received_dtype(splits)

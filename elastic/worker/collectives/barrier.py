@@ -15,7 +15,22 @@ __all__ = ["barrier"]
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Return once every rank (of `process_set`) has called `barrier()`."""
+    """Return once every rank of `process_set` has called `barrier()`.
+
+    Args:
+        process_set: the ranks that take part (default: all); its members, and only they, call
+            it.
+
+    Raises:
+        WorkerLostError: a peer of the call died or stopped answering, or the driver declared
+            the round broken (it does when any member of the job is lost), before the call
+            completed. The round is broken from then on: its collectives are not to be used
+            again; `hvd.elastic.run` restores the last commit and re-joins the next round.
+        CollectiveArgumentError: another member called a different collective at this point
+            (raised on every rank).
+        RuntimeError: the call did not complete within `--collective-timeout`.
+        NotInitializedError: before `hvd.init()` or after `hvd.shutdown()`.
+    """
     ctx = current("hvd.barrier")
     where, rows = checked(ctx, process_set, Kind.BARRIER, "hvd.barrier", [])
     if rows is None:

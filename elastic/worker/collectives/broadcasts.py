@@ -81,8 +81,34 @@ def broadcast(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
-    """Return a new tensor holding job rank `root_rank`'s `tensor`; `tensor` is not modified.
-    Shapes and dtypes must match on all ranks. Differentiable."""
+    """Return a new tensor holding job rank `root_rank`'s `tensor`.
+
+    Every member passes a tensor of the same dtype and shape, and the same root.
+
+    Args:
+        tensor: the root's value to send; on the others, the shape to receive; not modified.
+        root_rank: the job rank whose tensor every member gets; a member of `process_set`.
+        name: a key for the call, as Horovod's: refused while a call of that name is in flight
+            on this rank; a named asynchronous call that the other ranks make later waits for
+            them.
+        process_set: the ranks that take part (default: all); its members, and only they, call
+            it.
+
+    Returns:
+        A new tensor, the root's value; differentiable (the root gets the gradient averaged over
+        the ranks, the others zeros).
+
+    Raises:
+        WorkerLostError: a peer of the call died or stopped answering, or the driver declared
+            the round broken (it does when any member of the job is lost), before the call
+            completed. The round is broken from then on: its collectives are not to be used
+            again; `hvd.elastic.run` restores the last commit and re-joins the next round.
+        CollectiveArgumentError: the ranks' arguments do not agree (raised on every rank, with
+            the same message, before any data moves), or `name` is held by a call still in
+            flight on this rank (raised on this rank alone).
+        RuntimeError: the call did not complete within `--collective-timeout`.
+        NotInitializedError: before `hvd.init()` or after `hvd.shutdown()`.
+    """
     _, where = _broadcast_scope("hvd.broadcast", tensor, root_rank, name, process_set)
     if tensor.requires_grad and torch.is_grad_enabled():
         return _BroadcastFunction.apply(tensor, root_rank, where, process_set)
@@ -95,7 +121,19 @@ def broadcast_async(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
-    """Start `broadcast`; `synchronize(handle)` returns the new tensor."""
+    """Start `broadcast` and return at once.
+
+    Args:
+        As `broadcast`.
+
+    Returns:
+        A `Handle`: `synchronize(handle)` returns the new tensor.
+
+    Raises:
+        CollectiveArgumentError, NotInitializedError: as `broadcast`, from this call.
+        WorkerLostError, RuntimeError: as `broadcast`, from this call (the ranks agree on it
+            before it starts) or from `synchronize(handle)` (while the data moves).
+    """
     return started(
         current("hvd.broadcast_async"), process_set, Kind.BROADCAST, "hvd.broadcast_async",
         [tensor], lambda where, _: _start_broadcast(where, tensor, root_rank, False),
@@ -109,8 +147,28 @@ def broadcast_(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
-    """Overwrite `tensor` with `root_rank`'s value and return it (its contents are
-    unspecified if the call fails)."""
+    """Overwrite `tensor` with job rank `root_rank`'s value, as `broadcast` does.
+
+    Args:
+        tensor: the root's value to send; on the others, overwritten.
+        Others: as `broadcast`.
+
+    Returns:
+        `tensor`, holding the root's value.
+
+    Raises:
+        WorkerLostError: a peer of the call died or stopped answering, or the driver declared
+            the round broken (it does when any member of the job is lost), before the call
+            completed. The round is broken from then on: its collectives are not to be used
+            again; `hvd.elastic.run` restores the last commit and re-joins the next round.
+        CollectiveArgumentError: the ranks' arguments do not agree (raised on every rank, with
+            the same message, before any data moves), or `name` is held by a call still in
+            flight on this rank (raised on this rank alone).
+        RuntimeError: the call did not complete within `--collective-timeout`.
+        NotInitializedError: before `hvd.init()` or after `hvd.shutdown()`.
+
+    After an error the tensor's contents are unspecified.
+    """
     _, where = _broadcast_scope("hvd.broadcast_", tensor, root_rank, name, process_set)
     return complete(_start_broadcast(where, tensor, root_rank, True))
 
@@ -121,7 +179,21 @@ def broadcast_async_(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
-    """Start `broadcast_`; `synchronize(handle)` returns `tensor`, overwritten in place."""
+    """Start `broadcast_` and return at once.
+
+    Args:
+        As `broadcast_`.
+
+    Returns:
+        A `Handle`: `synchronize(handle)` returns `tensor`, overwritten in place.
+
+    Raises:
+        CollectiveArgumentError, NotInitializedError: as `broadcast`, from this call.
+        WorkerLostError, RuntimeError: as `broadcast`, from this call (the ranks agree on it
+            before it starts) or from `synchronize(handle)` (while the data moves).
+
+    After an error the tensor's contents are unspecified.
+    """
     return started(
         current("hvd.broadcast_async_"), process_set, Kind.BROADCAST, "hvd.broadcast_async_",
         [tensor], lambda where, _: _start_broadcast(where, tensor, root_rank, True),

@@ -197,16 +197,40 @@ def _no_result() -> None:
 
 
 def synchronize(handle: Handle) -> Any:
-    """Wait for `handle`'s operation and return its result (the same result on later calls).
+    """Wait for `handle`'s operation and return its result.
 
-    Raises `WorkerLostError` (a `RuntimeError`) if a peer died or the round broke, and the
-    `CollectiveArgumentError` of a deferred operation the other ranks called differently.
+    Args:
+        handle: what an asynchronous collective returned.
+
+    Returns:
+        The operation's result, as its function says (the same object on later calls).
+
+    Raises:
+        WorkerLostError: a peer of the call died or stopped answering, or the driver declared
+            the round broken (it does when any member of the job is lost), before the call
+            completed. The round is broken from then on: its collectives are not to be used
+            again; `hvd.elastic.run` restores the last commit and re-joins the next round.
+        CollectiveArgumentError: a deferred operation (a named call the other ranks had not
+            made) that the other ranks called differently, or they wait for other calls (raised
+            on every rank).
+        RuntimeError: the call did not complete within `--collective-timeout`.
+        NotInitializedError: before `hvd.init()` or after `hvd.shutdown()`.
     """
     current("hvd.synchronize")
     return handle._complete()
 
 
 def poll(handle: Handle) -> bool:
-    """True when `handle`'s operation has finished (successfully or not); never blocks."""
+    """Whether `handle`'s operation has finished, successfully or not; never blocks.
+
+    Args:
+        handle: what an asynchronous collective returned.
+
+    Returns:
+        True once `synchronize(handle)` would return or raise at once.
+
+    Raises:
+        NotInitializedError: before `hvd.init()` or after `hvd.shutdown()`.
+    """
     current("hvd.poll")
     return handle._is_completed()

@@ -48,10 +48,28 @@ _NEWLY, _ALREADY = 1, 2  # a joined row: first exchange since join() was called,
 
 def join(device: int = -1) -> int:
     """Wait until every rank has called `join()`, taking part in the others' allreduces and
-    optimizer steps meanwhile; return the rank that joined last (the same on every rank).
-    `device` is accepted for Horovod compatibility (the zeros go where the others' tensors
-    are). The others' calls that cannot run while a rank has joined raise on those ranks;
-    this one keeps waiting. Raises `WorkerLostError` when a peer is lost."""
+    optimizer steps meanwhile, as Horovod's.
+
+    The others' calls that cannot run while a rank has joined (allgather, broadcast, alltoall,
+    reducescatter, other ops than Average and Sum) raise `CollectiveArgumentError` on those
+    ranks; this one keeps waiting.
+
+    Args:
+        device: accepted for Horovod compatibility (the zeros go where the others' tensors are).
+
+    Returns:
+        The rank that joined last (the same on every rank).
+
+    Raises:
+        WorkerLostError: a peer of the call died or stopped answering, or the driver declared
+            the round broken (it does when any member of the job is lost), before the call
+            completed. The round is broken from then on: its collectives are not to be used
+            again; `hvd.elastic.run` restores the last commit and re-joins the next round.
+        CollectiveArgumentError: the cross-rank check is off (`hvd.set_collective_checks`), or
+            the others step a `DistributedOptimizer` this rank does not have.
+        RuntimeError: the call did not complete within `--collective-timeout`.
+        NotInitializedError: before `hvd.init()` or after `hvd.shutdown()`.
+    """
     ctx = context.current("hvd.join")
     if not collective_checks():
         raise CollectiveArgumentError(

@@ -35,10 +35,37 @@ def broadcast_object(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> Any:
-    """Return `root_rank`'s `obj` on every rank (the root gets its own object back).
+    """Return job rank `root_rank`'s `obj` on every rank of `process_set` (the root gets its own
+    object back).
 
-    Uses pickle, which is safe here only because peers are the job's own authenticated
-    workers. Tensors inside keep their device."""
+    The object travels pickled, which is safe here only because peers are the job's own
+    authenticated workers. Tensors inside keep their device.
+
+    Args:
+        obj: the root's object; ignored on the others.
+        root_rank: the job rank whose object every member gets; a member of `process_set`.
+        name: a key for the call, as Horovod's: refused while a call of that name is in flight
+            on this rank; a named asynchronous call that the other ranks make later waits for
+            them.
+        process_set: the ranks that take part (default: all); its members, and only they, call
+            it.
+
+    Returns:
+        The root's object (on the others, an unpickled copy).
+
+    Raises:
+        WorkerLostError: a peer of the call died or stopped answering, or the driver declared
+            the round broken (it does when any member of the job is lost), before the call
+            completed. The round is broken from then on: its collectives are not to be used
+            again; `hvd.elastic.run` restores the last commit and re-joins the next round.
+        CollectiveArgumentError: the ranks' arguments do not agree (raised on every rank, with
+            the same message, before any data moves), or `name` is held by a call still in
+            flight on this rank (raised on this rank alone).
+        pickle's error: on a rank whose object does not pickle or unpickle; the other ranks then
+            wait as for a lost peer.
+        RuntimeError: the call did not complete within `--collective-timeout`.
+        NotInitializedError: before `hvd.init()` or after `hvd.shutdown()`.
+    """
     ctx = current("hvd.broadcast_object")
     what = "hvd.broadcast_object"
     length = torch.zeros(1, dtype=torch.int64)
@@ -60,7 +87,32 @@ def broadcast_object(
 def allgather_object(
     obj: Any, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> list[Any]:
-    """Return every rank's `obj` as a list in rank order (pickled, like `broadcast_object`)."""
+    """Return every rank's `obj` as a list in rank order, pickled as `broadcast_object` does.
+
+    Args:
+        obj: this rank's object.
+        name: a key for the call, as Horovod's: refused while a call of that name is in flight
+            on this rank; a named asynchronous call that the other ranks make later waits for
+            them.
+        process_set: the ranks that take part (default: all); its members, and only they, call
+            it.
+
+    Returns:
+        A list of every member's object, in rank order (this rank's own is a copy too).
+
+    Raises:
+        WorkerLostError: a peer of the call died or stopped answering, or the driver declared
+            the round broken (it does when any member of the job is lost), before the call
+            completed. The round is broken from then on: its collectives are not to be used
+            again; `hvd.elastic.run` restores the last commit and re-joins the next round.
+        CollectiveArgumentError: the ranks' arguments do not agree (raised on every rank, with
+            the same message, before any data moves), or `name` is held by a call still in
+            flight on this rank (raised on this rank alone).
+        pickle's error: on a rank whose object does not pickle or unpickle; the other ranks then
+            wait as for a lost peer.
+        RuntimeError: the call did not complete within `--collective-timeout`.
+        NotInitializedError: before `hvd.init()` or after `hvd.shutdown()`.
+    """
     ctx = current("hvd.allgather_object")
     payload = _pickled(obj)
     what = "hvd.allgather_object"

@@ -151,8 +151,41 @@ def reducescatter(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> torch.Tensor:
-    """Reduce `tensor` over the ranks and return this rank's slice of dimension 0 (the first
-    `rows % size` ranks get one row more). Average or Sum; differentiable."""
+    """Reduce `tensor` over the ranks of `process_set` and return this rank's rows of the
+    result.
+
+    Dimension 0 is split as Horovod splits it: the first `rows % size` ranks get one row more.
+    Every member passes a tensor of the same dtype and shape.
+
+    Args:
+        tensor: what this rank contributes, with at least one dimension; not modified.
+        name: a key for the call, as Horovod's: refused while a call of that name is in flight
+            on this rank; a named asynchronous call that the other ranks make later waits for
+            them.
+        compression: how the tensor travels (`Compression.none`, `Compression.fp16`).
+        op: `Average` (default) or `Sum`.
+        process_set: the ranks that take part (default: all); its members, and only they, call
+            it.
+        prescale_factor: multiplies the input before the reduction.
+        postscale_factor: multiplies the result after it.
+
+    Returns:
+        A new tensor, this rank's rows of `postscale_factor * op(prescale_factor * tensor)`;
+        differentiable (its gradient is the allgathered gradient times the same factors, and
+        times the number of ranks for Sum).
+
+    Raises:
+        WorkerLostError: a peer of the call died or stopped answering, or the driver declared
+            the round broken (it does when any member of the job is lost), before the call
+            completed. The round is broken from then on: its collectives are not to be used
+            again; `hvd.elastic.run` restores the last commit and re-joins the next round.
+        CollectiveArgumentError: the ranks' arguments do not agree (raised on every rank, with
+            the same message, before any data moves), or `name` is held by a call still in
+            flight on this rank (raised on this rank alone).
+        NotImplementedError: an op other than Average and Sum.
+        RuntimeError: the call did not complete within `--collective-timeout`.
+        NotInitializedError: before `hvd.init()` or after `hvd.shutdown()`.
+    """
     return _reducescatter(
         "hvd.reducescatter", [tensor], name, compression, op, process_set,
         prescale_factor, postscale_factor, grouped=False,
@@ -168,7 +201,27 @@ def grouped_reducescatter(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> list[torch.Tensor]:
-    """`reducescatter` of each tensor of a list; differentiable."""
+    """`reducescatter` of each tensor of `tensors`.
+
+    Args:
+        tensors: what this rank contributes; not modified.
+        Others: as `reducescatter`.
+
+    Returns:
+        A list of new tensors, this rank's rows of each result; differentiable.
+
+    Raises:
+        WorkerLostError: a peer of the call died or stopped answering, or the driver declared
+            the round broken (it does when any member of the job is lost), before the call
+            completed. The round is broken from then on: its collectives are not to be used
+            again; `hvd.elastic.run` restores the last commit and re-joins the next round.
+        CollectiveArgumentError: the ranks' arguments do not agree (raised on every rank, with
+            the same message, before any data moves), or `name` is held by a call still in
+            flight on this rank (raised on this rank alone).
+        NotImplementedError: an op other than Average and Sum.
+        RuntimeError: the call did not complete within `--collective-timeout`.
+        NotInitializedError: before `hvd.init()` or after `hvd.shutdown()`.
+    """
     return _reducescatter(
         "hvd.grouped_reducescatter", list(tensors), name, compression, op, process_set,
         prescale_factor, postscale_factor, grouped=True,
@@ -207,7 +260,20 @@ def reducescatter_async(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> Handle:
-    """Start `reducescatter`; `synchronize(handle)` returns this rank's slice."""
+    """Start `reducescatter` and return at once.
+
+    Args:
+        As `reducescatter` (without `compression`).
+
+    Returns:
+        A `Handle`: `synchronize(handle)` returns this rank's rows.
+
+    Raises:
+        CollectiveArgumentError, NotImplementedError, NotInitializedError: as `reducescatter`,
+            from this call.
+        WorkerLostError, RuntimeError: as `reducescatter`, from this call (the ranks agree on it
+            before it starts) or from `synchronize(handle)` (while the data moves).
+    """
     return _reducescatter_async(
         "hvd.reducescatter_async", [tensor], name, op, process_set,
         prescale_factor, postscale_factor, grouped=False,
@@ -222,7 +288,20 @@ def grouped_reducescatter_async(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> Handle:
-    """Start `grouped_reducescatter`; `synchronize(handle)` returns the list of slices."""
+    """Start `grouped_reducescatter` and return at once.
+
+    Args:
+        As `grouped_reducescatter` (without `compression`).
+
+    Returns:
+        A `Handle`: `synchronize(handle)` returns the list of this rank's rows.
+
+    Raises:
+        CollectiveArgumentError, NotImplementedError, NotInitializedError: as `reducescatter`,
+            from this call.
+        WorkerLostError, RuntimeError: as `reducescatter`, from this call (the ranks agree on it
+            before it starts) or from `synchronize(handle)` (while the data moves).
+    """
     return _reducescatter_async(
         "hvd.grouped_reducescatter_async", list(tensors), name, op, process_set,
         prescale_factor, postscale_factor, grouped=True,

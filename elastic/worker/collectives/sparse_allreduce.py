@@ -19,11 +19,27 @@ def sparse_allreduce_async(
     op: int | None,
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
-    """Start the allreduce of a sparse COO tensor, as Horovod: indices and values are
-    allgathered (named `NAME.indices` and `NAME.values`), so the result holds every rank's
-    entries (duplicates add up when it is coalesced); Average divides the values by the
-    number of ranks. Returns a handle that is called, as Horovod's (`handle()`), or passed to
-    `synchronize()`; both return the sparse result."""
+    """Start the allreduce of a sparse COO tensor, as Horovod: its indices and values are
+    allgathered, so the result holds every rank's entries (duplicates add up when it is
+    coalesced).
+
+    Args:
+        tensor: this rank's sparse tensor; every member's has the same dense shape.
+        name: the key of the two allgathers (`NAME.indices`, `NAME.values`), as `allgather`'s.
+        op: `Average` (the values divided by the number of ranks) or `Sum`.
+        process_set: the ranks that take part (default: all); its members, and only they, call
+            it.
+
+    Returns:
+        A `Handle`, called (`handle()`, as Horovod's) or passed to `synchronize()`: both return
+        the sparse result.
+
+    Raises:
+        NotImplementedError: an op other than Average and Sum.
+        CollectiveArgumentError, NotInitializedError: as `allgather`, from this call.
+        WorkerLostError, RuntimeError: as `allgather`, from this call (the ranks agree on it
+            before it starts) or from `synchronize(handle)` (while the data moves).
+    """
     resolved = resolve_op(op, None)
     if resolved not in (Average, Sum):
         raise NotImplementedError("sparse_allreduce_async supports only Average and Sum")

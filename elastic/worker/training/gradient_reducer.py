@@ -165,7 +165,7 @@ class GradientReducer:
                 self.hooks.append(p.register_post_accumulate_grad_hook(hook))
 
     def in_flight(self) -> bool:
-        """True once a gradient of this round is ready (its allreduce may have started)."""
+        """True once a gradient of this step is ready (its allreduce may have started)."""
         return self.next_launch > 0 or any(b.remaining < len(b.params) for b in self.buckets)
 
     def _on_grad_ready(self, bucket_index: int, param_index: int, _param: torch.Tensor) -> None:
@@ -246,7 +246,7 @@ class GradientReducer:
         (then reduce the sparse ones, if a rank has any); `where`: every rank of the current
         round, `round_`: its number.
 
-        On error the pending round is abandoned (see `abandon`) and the error re-raised.
+        On error the step's reduction is abandoned (see `abandon`) and the error re-raised.
         """
         self._launch_until(lambda b: True)
         size = where.size
@@ -263,7 +263,7 @@ class GradientReducer:
         except BaseException:
             self.abandon()
             raise
-        self._reset_round()
+        self._reset_step()
 
     def _finish(self, bucket: _Bucket, factor: float, round_: int) -> None:
         """Wait for `bucket`'s allreduce, then write `factor * result` into the gradients."""
@@ -297,7 +297,7 @@ class GradientReducer:
             else:
                 p.grad.copy_(view)
 
-    def _reset_round(self) -> None:
+    def _reset_step(self) -> None:
         counts = self.counts
         for i in range(len(counts)):
             counts[i] = 0
@@ -309,14 +309,14 @@ class GradientReducer:
         self.sparse.reset()
 
     def abandon(self) -> None:
-        """Forget the current round after a failure; the next backward starts a new one.
+        """Forget the current step's reduction after a failure; the next backward starts anew.
 
         The flat buffers are dropped too: an abandoned collective may still write to them.
         """
         for bucket in self.buckets:
             bucket.flat = None
             bucket.views = []
-        self._reset_round()
+        self._reset_step()
 
     def remove_hooks(self) -> None:
         for handle in self.hooks:

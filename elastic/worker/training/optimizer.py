@@ -41,9 +41,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Wait for all gradient allreduces of this step and write the results to `.grad`.
 
         Parameters whose gradient this rank never computed contribute zeros and receive the
-        reduced gradient. Raises `RuntimeError` if a peer dies (the elastic runtime turns that
-        into `WorkerLostError`); the pending round is then dropped so that the step can be
-        retried after the job re-forms.
+        reduced gradient. Raises `WorkerLostError` if a peer dies (as the collectives do);
+        the step's gradients are then dropped, so that the step can run again after the job
+        re-forms.
         """
         ctx = current("DistributedOptimizer.synchronize")
         where = Scope(group=ctx.group, members=tuple(range(ctx.size)), rank=ctx.rank)
@@ -134,7 +134,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super().zero_grad(set_to_none)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load optimizer state; a gradient round in progress is dropped (an elastic restore
+        """Load optimizer state; a gradient reduction in progress is dropped (an elastic restore
         rolls back past it), so the next backward starts a new one."""
         self._reducer.abandon()
         super().load_state_dict(state_dict)
@@ -200,7 +200,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     backward. `gradient_predivide_factor` f divides by f before the sum and multiplies by
     f/size after it. Buckets start in order, so a parameter that gets no gradient holds its
     bucket and all later ones back until `step()`. Parameters added to `optimizer` after
-    wrapping are not reduced; `load_state_dict` drops a round in progress.
+    wrapping are not reduced; `load_state_dict` drops a reduction in progress.
     Every rank must wrap the same parameters in the same order. Raises `ValueError` for
     invalid arguments, `NotImplementedError` for `op=Adasum` (use Average); errors of the
     collectives are raised by `step()` / `synchronize()`.

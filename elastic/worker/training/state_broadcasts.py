@@ -59,13 +59,26 @@ def broadcast_parameters(
     params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor] | torch.Tensor],
     root_rank: int,
 ) -> None:
-    """Overwrite `params` in place with `root_rank`'s values.
+    """Overwrite `params` in place with job rank `root_rank`'s values.
 
-    `params` is a state_dict or an iterable of (name, tensor) such as
-    `model.named_parameters()` (or of bare tensors, kept in their order); named tensors go in
-    sorted-name order, fused per dtype and device. Every rank must pass the same names, shapes
-    and dtypes. Raises `ValueError` for a root outside the job, `RuntimeError` if a peer dies
-    (the tensors are then partly updated).
+    Named tensors go in sorted-name order, fused per dtype and device. A collective of every
+    rank of the round (no process set).
+
+    Args:
+        params: a state_dict, or an iterable of (name, tensor) such as
+            `model.named_parameters()`, or of bare tensors (kept in their order); every rank
+            passes the same names, shapes and dtypes.
+        root_rank: the rank whose values every rank gets.
+
+    Raises:
+        WorkerLostError: a peer of the call died or stopped answering, or the driver declared
+            the round broken (it does when any member of the job is lost), before the call
+            completed. The round is broken from then on: its collectives are not to be used
+            again; `hvd.elastic.run` restores the last commit and re-joins the next round. The
+            tensors are then partly updated.
+        ValueError: `root_rank` is not a rank of the round.
+        RuntimeError: the call did not complete within `--collective-timeout`.
+        NotInitializedError: before `hvd.init()` or after `hvd.shutdown()`.
     """
     ctx = current("hvd.broadcast_parameters")
     if not 0 <= root_rank < ctx.size:
@@ -143,13 +156,27 @@ def _as_never_stepped(state: dict[str, Any], group: dict[str, Any]) -> None:
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
-    """Make every rank's `optimizer` state and hyper-parameters equal to `root_rank`'s.
+    """Make every rank's `optimizer` state and hyper-parameters equal to job rank `root_rank`'s.
 
-    As Horovod's, an optimizer without state first gets it (`_initialize_state`: every
-    parameter that requires a gradient is left with a zero gradient). Non-root ranks then
-    `load_state_dict` the root's state_dict, so state tensors move to their parameter's
-    device. Every rank's optimizer must have the same parameter groups (else `ValueError`
-    from `load_state_dict` on the non-root ranks). Raises `RuntimeError` if a peer dies.
+    As Horovod's, an optimizer without state first gets it (`_initialize_state`: every parameter
+    that requires a gradient is left with a zero gradient). The others then `load_state_dict`
+    the root's state_dict, so state tensors move to their parameter's device. A collective of
+    every rank of the round.
+
+    Args:
+        optimizer: this rank's optimizer; every rank's has the same parameter groups.
+        root_rank: the rank whose state every rank gets.
+
+    Raises:
+        WorkerLostError: a peer of the call died or stopped answering, or the driver declared
+            the round broken (it does when any member of the job is lost), before the call
+            completed. The round is broken from then on: its collectives are not to be used
+            again; `hvd.elastic.run` restores the last commit and re-joins the next round.
+        CollectiveArgumentError: `root_rank` is not a rank of the round (raised on every rank).
+        ValueError: the root's parameter groups do not fit this rank's optimizer (from
+            `load_state_dict`, on the others).
+        RuntimeError: the call did not complete within `--collective-timeout`.
+        NotInitializedError: before `hvd.init()` or after `hvd.shutdown()`.
     """
     ctx = current("hvd.broadcast_optimizer_state")
     _initialize_state(optimizer)
