@@ -19,16 +19,16 @@ from elastic.driver.discovery import FixedHosts, HostTracker
 from elastic.driver.discovery.cooldown import Cooldown
 from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.discovery.watcher import HostWatcher
-from elastic.driver.journal.memory import MemoryKeyValueStore
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.launch.staffing import Staffing
 from elastic.driver.policy import rounds as policy
 from elastic.driver.policy.rounds import Phase
-from elastic.driver.rendezvous import keeper
+from elastic.driver.rendezvous import round_keeper
 from elastic.driver.rendezvous.batcher import ROUND_AFTER_DEATH
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.reports import (
     DrainAsked,
     Heard,
@@ -184,7 +184,7 @@ def test_many_survivors_of_a_death_hear_one_event_that_breaks_the_round_and_plac
 ) -> None:
     """Above `CALL_BACK_AT_MOST` survivors, calling each back would cost the driver more than
     the batcher's window: the break goes with each one's slot, in one event."""
-    monkeypatch.setattr(keeper, "CALL_BACK_AT_MOST", 1)
+    monkeypatch.setattr(round_keeper, "CALL_BACK_AT_MOST", 1)
 
     async def scenario() -> tuple[Harness, Worker]:
         job = Harness(3, elastic=True, tmp_path=tmp_path)

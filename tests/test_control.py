@@ -22,8 +22,8 @@ from typing import Any
 import grpc
 import pytest
 
-from elastic.driver.control.beats import BeatServer
 from elastic.driver.control.events import ControlEvent, EpochBroken, HostsUpdated
+from elastic.driver.control.heartbeat_port import BeatServer
 from elastic.driver.control.server import ControlServer
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc

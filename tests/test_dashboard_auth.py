@@ -16,8 +16,8 @@ import pytest
 
 from elastic.driver.control.events import WorkerListener
 from elastic.driver.discovery.hosts import HostSpec
-from elastic.driver.journal.memory import MemoryKeyValueStore
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.server.app import create_app
 from elastic.driver.server.auth import LOGIN_BODY_BYTES, PAGE_SECRET_NEEDED
 from elastic.driver.server.endpoints import Endpoints

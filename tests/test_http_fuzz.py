@@ -19,8 +19,8 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from elastic.driver.journal.memory import MemoryKeyValueStore
-from elastic.driver.rendezvous.rounds import Joined, Rendezvous
+from elastic.driver.rendezvous.membership import Joined, Rendezvous
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.server import metrics
 from elastic.driver.server.app import create_app
 from elastic.driver.server.limits import MAX_BODY_BYTES

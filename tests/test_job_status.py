@@ -6,8 +6,8 @@ import asyncio
 
 import httpx
 
-from elastic.driver.journal.memory import MemoryKeyValueStore
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.server.app import create_app
 from elastic.driver.server.services import Services
 from elastic.driver.server.status import describe_job

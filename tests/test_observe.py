@@ -8,8 +8,8 @@ import math
 from prometheus_client.parser import text_string_to_metric_families
 
 from elastic.driver.observe.loop_lag import LoopLag
-from elastic.driver.observe.metrics import JobMetrics
 from elastic.driver.observe.progress import RATE_WINDOW, WorkerProgress
+from elastic.driver.observe.prometheus import JobMetrics
 from elastic.driver.observe.stalls import RankActivity, find_stall
 from elastic.driver.observe.timeline import (
     FORMED_TO_FIRST_STEP,

@@ -22,7 +22,7 @@ from elastic.driver.journal.resume import (
     snapshot,
     worker_record,
 )
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.settings import BackendSettings, ElasticSettings, Settings
 from elastic.driver.workers import Worker
 from elastic.protocol.etcd_trust import token_check

@@ -31,7 +31,7 @@ from elastic.driver.policy.rounds import (
     TakeOut,
     WaitForWorkers,
 )
-from elastic.driver.policy.workers import (
+from elastic.driver.policy.worker_events import (
     caught_up,
     exited,
     failed,

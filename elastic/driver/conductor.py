@@ -17,7 +17,6 @@ from typing import Any
 from elastic.driver.control.channels import ControlChannels
 from elastic.driver.control.events import EpochBroken
 from elastic.driver.discovery.watcher import HostWatcher
-from elastic.driver.journal.memory import MemoryKeyValueStore
 from elastic.driver.journal.resume import Tally
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.staffing import Staffing
@@ -26,10 +25,11 @@ from elastic.driver.observe.stalls import RankActivity, find_stall
 from elastic.driver.observe.timeline import RoundTimeline
 from elastic.driver.policy import leaving, reachability
 from elastic.driver.policy import rounds as policy
-from elastic.driver.policy import workers as on_workers
+from elastic.driver.policy import worker_events as on_workers
 from elastic.driver.policy.rounds import Cause, Decision, FleetLoss, JobView, Phase
-from elastic.driver.rendezvous.keeper import RoundKeeper
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
+from elastic.driver.rendezvous.round_keeper import RoundKeeper
 from elastic.driver.reports import (
     DrainAsked,
     DurableStale,

@@ -20,7 +20,7 @@ from typing import Any
 from elastic.driver.conductor import Conductor
 from elastic.driver.control.channels import ControlChannels
 from elastic.driver.control.inputs import WorkerInputs
-from elastic.driver.control.liveness import LivenessWatch
+from elastic.driver.control.liveness_watch import LivenessWatch
 from elastic.driver.discovery import FixedHosts, HostDiscovery, HostTracker, ScriptDiscovery
 from elastic.driver.discovery.cooldown import Cooldown
 from elastic.driver.discovery.hosts import HostSpec
@@ -30,7 +30,7 @@ from elastic.driver.job_file import remove_job_file, urls_of, write_job_file
 from elastic.driver.journal.backend import StateBackend
 from elastic.driver.journal.job_token import GivenToken, find_token
 from elastic.driver.journal.journal import JobJournal, backend_for
-from elastic.driver.journal.memory import MemoryBackend, MemoryKeyValueStore
+from elastic.driver.journal.memory import MemoryBackend
 from elastic.driver.journal.record import JobSpec
 from elastic.driver.journal.resume import (
     Tally,
@@ -39,20 +39,21 @@ from elastic.driver.journal.resume import (
     settings_document,
     snapshot,
 )
-from elastic.driver.launch.base import Launcher
 from elastic.driver.launch.detached import default_log_root
 from elastic.driver.launch.environment import WorkerEnvironments
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
+from elastic.driver.launch.launcher import Launcher
 from elastic.driver.launch.staffing import Staffing, host_summary
 from elastic.driver.logs import LogTail, WorkerLines, tags
 from elastic.driver.observe.loop_lag import LoopLag
-from elastic.driver.observe.metrics import JobMetrics
+from elastic.driver.observe.prometheus import JobMetrics
 from elastic.driver.observe.timeline import RoundTimeline
 from elastic.driver.policy.liveness import Limits
 from elastic.driver.policy.planning import first_places
 from elastic.driver.policy.rounds import Cause, Phase
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.reports import (
     DrainAsked,
     Joined,

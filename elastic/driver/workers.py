@@ -8,7 +8,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from elastic.driver.launch.base import WorkerProcess
+from elastic.driver.launch.launcher import WorkerProcess
 from elastic.driver.observe.progress import WorkerProgress
 
 

@@ -19,7 +19,6 @@ from typing import Any, NoReturn
 import grpc
 from grpc import aio
 
-from elastic.driver.control.beats import BeatServer
 from elastic.driver.control.events import (
     ControlEvent,
     EpochBroken,
@@ -27,6 +26,7 @@ from elastic.driver.control.events import (
     Placement,
     WorkerListener,
 )
+from elastic.driver.control.heartbeat_port import BeatServer
 from elastic.driver.control.port_limits import BeatPortLimits, GrpcPortLimits
 from elastic.driver.control.refusals import refusal
 from elastic.driver.server.tls import TlsIdentity

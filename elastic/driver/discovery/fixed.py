@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from elastic.driver.discovery.base import HostDiscovery
+from elastic.driver.discovery.host_discovery import HostDiscovery
 from elastic.driver.discovery.hosts import HostSpec
 
 

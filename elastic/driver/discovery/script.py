@@ -19,7 +19,7 @@ import shutil
 import signal
 from dataclasses import replace
 
-from elastic.driver.discovery.base import DiscoveryError, HostDiscovery
+from elastic.driver.discovery.host_discovery import DiscoveryError, HostDiscovery
 from elastic.driver.discovery.hosts import (
     MAX_SLOTS_PER_HOST,
     HostSpec,

@@ -28,7 +28,7 @@ from elastic.driver.journal.record import (
     JobState,
     WorkerRecord,
 )
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.settings import BackendSettings, Settings
 from elastic.driver.workers import Worker, WorkerState
 from elastic.protocol.etcd import LEGACY_SECRET, SEALED, mac_key

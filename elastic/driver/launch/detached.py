@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from elastic.driver.errors import LaunchError
-from elastic.driver.launch.base import Adoption, Launcher, WorkerProcess, WorkerSpec
 from elastic.driver.launch.keeper import EXIT_FILE
+from elastic.driver.launch.launcher import Adoption, Launcher, WorkerProcess, WorkerSpec
 from elastic.driver.launch.private_files import open_private, private_dir
 
 UNKNOWN_EXIT = 255  # a worker that ended while no driver watched and left no exit status

@@ -8,7 +8,7 @@ import os
 import signal
 
 from elastic.driver.errors import LaunchError
-from elastic.driver.launch.base import (
+from elastic.driver.launch.launcher import (
     OUTPUT_LIMIT,
     Launcher,
     SubprocessWorker,

@@ -15,7 +15,7 @@ from asyncio.subprocess import Process
 from dataclasses import dataclass
 
 from elastic.driver.errors import LaunchError
-from elastic.driver.launch.base import (
+from elastic.driver.launch.launcher import (
     OUTPUT_LIMIT,
     Adoption,
     HostFolder,

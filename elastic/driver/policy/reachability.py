@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Set
 
 from elastic.driver.policy.rounds import NOTHING, Decision, JobView, Signal
-from elastic.driver.policy.workers import failed
+from elastic.driver.policy.worker_events import failed
 
 Reports = Mapping[str, Set[int]]
 """Per reporting worker id, the ranks of the round it found unreachable."""

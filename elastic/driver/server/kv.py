@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from fastapi import APIRouter, HTTPException
 
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.server.auth import ServicesDep
 from elastic.driver.server.services import Services
 from elastic.protocol.http import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from elastic.driver.rendezvous.rounds import NotMemberError
+from elastic.driver.rendezvous.membership import NotMemberError
 from elastic.driver.server.auth import ServicesDep
 from elastic.protocol.http import JoinRequest, JoinResponse
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.server.auth import ServicesDep
 from elastic.driver.workers import Worker
 from elastic.protocol.http import (

@@ -10,10 +10,10 @@ from typing import Any
 
 from elastic.driver.control.channels import ControlChannels
 from elastic.driver.control.events import EpochBroken, HostsUpdated
-from elastic.driver.journal.memory import MemoryKeyValueStore
 from elastic.driver.launch.staffing import host_summary
 from elastic.driver.rendezvous.batcher import RoundBatcher
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.workers import Worker
 
 log = logging.getLogger("elasticrun")
