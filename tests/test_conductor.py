@@ -23,8 +23,8 @@ from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.launch.staffing import Staffing
-from elastic.driver.policy import rounds as policy
-from elastic.driver.policy.rounds import Phase
+from elastic.driver.policy import host_changes
+from elastic.driver.policy.phase import Phase
 from elastic.driver.rendezvous import round_keeper
 from elastic.driver.rendezvous.batcher import ROUND_AFTER_DEATH
 from elastic.driver.rendezvous.membership import Rendezvous
@@ -365,7 +365,7 @@ def test_a_removed_host_s_workers_hand_over_to_a_stayer_and_leave_in_one_round(
         job = Harness(3, True, tmp_path, hosts=["a", "a", "b"])
         for worker, commit in zip(job.workers, (16, 16, 15), strict=True):
             worker.commit = commit
-        job.conductor.apply(policy.hosts_removed(job.conductor.view(), ["a"], {"b"}))
+        job.conductor.apply(host_changes.hosts_removed(job.conductor.view(), ["a"], {"b"}))
         await asyncio.sleep(ROUND_AFTER_DEATH * 4)
         round_before_report = job.rendezvous.epoch
         job.conductor.hear(Heard(job.workers[2].worker_id, 1, 16))

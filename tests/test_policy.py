@@ -7,27 +7,24 @@ from dataclasses import replace
 import pytest
 
 from elastic.driver.discovery.hosts import HostSpec
-from elastic.driver.policy.planning import Start, start_check
-from elastic.driver.policy.rounds import (
-    JOIN_WINDOW,
+from elastic.driver.policy.actions import (
     AskToLeave,
-    Cause,
     Decision,
     FillSlots,
     Finish,
-    FleetLoss,
     FormRound,
     Launch,
     Log,
-    Phase,
     RecordFleetLoss,
     SeeHandovers,
     ShowProgress,
     WaitForWorkers,
+)
+from elastic.driver.policy.causes import Cause
+from elastic.driver.policy.fleet_loss import fleet_lost
+from elastic.driver.policy.forming import (
+    JOIN_WINDOW,
     fill_slots,
-    fleet_lost,
-    hosts_removed,
-    hosts_resized,
     job_end,
     joiner_waiting,
     next_round,
@@ -35,6 +32,10 @@ from elastic.driver.policy.rounds import (
     survivors_not_waiting,
     tick,
 )
+from elastic.driver.policy.host_changes import hosts_removed, hosts_resized
+from elastic.driver.policy.phase import Phase
+from elastic.driver.policy.planning import Start, start_check
+from elastic.driver.policy.view import FleetLoss
 from tests.policy_views import ELASTIC, LV, NOW, F, L, M, S, X, kinds, view, worker
 
 

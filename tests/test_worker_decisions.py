@@ -8,20 +8,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from elastic.driver.policy.liveness import Verdict
-from elastic.driver.policy.rounds import (
+from elastic.driver.policy.actions import (
     NOTHING,
     AdvanceTo,
     Arrived,
     BeginFinishing,
     BreakRound,
-    Cause,
     CoolDown,
     FillSlots,
     Finish,
     Log,
     MarkEnded,
-    Phase,
     RecordFleetLoss,
     Reform,
     ReformIfStillWaiting,
@@ -31,6 +28,9 @@ from elastic.driver.policy.rounds import (
     TakeOut,
     WaitForWorkers,
 )
+from elastic.driver.policy.causes import Cause
+from elastic.driver.policy.liveness import Verdict
+from elastic.driver.policy.phase import Phase
 from elastic.driver.policy.worker_events import (
     caught_up,
     exited,

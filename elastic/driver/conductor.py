@@ -23,10 +23,12 @@ from elastic.driver.launch.staffing import Staffing
 from elastic.driver.logs import tags
 from elastic.driver.observe.stalls import RankActivity, find_stall
 from elastic.driver.observe.timeline import RoundTimeline
-from elastic.driver.policy import leaving, reachability
-from elastic.driver.policy import rounds as policy
+from elastic.driver.policy import actions, forming, host_changes, leaving, reachability
 from elastic.driver.policy import worker_events as on_workers
-from elastic.driver.policy.rounds import Cause, Decision, FleetLoss, JobView, Phase
+from elastic.driver.policy.actions import Decision
+from elastic.driver.policy.causes import Cause
+from elastic.driver.policy.phase import Phase
+from elastic.driver.policy.view import FleetLoss, JobView
 from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.rendezvous.round_keeper import RoundKeeper
@@ -137,7 +139,7 @@ class Conductor:
             verdict = report.verdict
             self.apply(on_workers.judged(self.view(), report.worker, verdict, timeout, now))
         elif isinstance(report, Tick):
-            self.apply(policy.tick(self.view(), report.now))
+            self.apply(forming.tick(self.view(), report.now))
             self._look_for_stall(report.now)
         elif isinstance(report, Waiting):
             self._on_wait(report.worker_id, report.after, report.commit)
@@ -173,13 +175,13 @@ class Conductor:
             gone = noticed.keys() | tracker.drained
             discovered = {h.hostname for h in tracker.discovered_hosts} - gone
             removed = report.change.removed
-            decision = policy.hosts_removed(
+            decision = host_changes.hosts_removed(
                 self.view(), removed, discovered, noticed, tracker.drained
             )
             self.apply(decision)
             resized = {h.hostname: h.slots for h in report.change.hosts}
             slots = {name: resized[name] for name in report.change.resized}
-            self.apply(policy.hosts_resized(self.view(), slots))
+            self.apply(host_changes.hosts_resized(self.view(), slots))
             if report.change.added:
                 log.info("hosts available: %s", ", ".join(report.change.added),
                          extra={"event": "join"})  # fmt: skip
@@ -205,7 +207,7 @@ class Conductor:
             # No usable host changes (it was not usable), so no `HostsChanged` comes; but a
             # host in cooldown keeps its surviving workers, which must leave now.
             only = frozenset({hostname})
-            self.apply(policy.hosts_removed(self.view(), [hostname], set(), {}, only))
+            self.apply(host_changes.hosts_removed(self.view(), [hostname], set(), {}, only))
 
     def _on_durable(self, report: DurableStale) -> None:
         """Say, once per change, that the durable copy lags or is written again."""
@@ -224,9 +226,9 @@ class Conductor:
 
     def _scale(self) -> int:
         """Launch workers on free slots of usable hosts (`fill_slots`); return how many."""
-        decision = policy.fill_slots(self.view(), self._watcher.usable())
+        decision = forming.fill_slots(self.view(), self._watcher.usable())
         self.apply(decision)
-        return sum(len(a.places) for a in decision.actions if isinstance(a, policy.Launch))
+        return sum(len(a.places) for a in decision.actions if isinstance(a, actions.Launch))
 
     def stop(self, worker: Worker) -> None:
         """Stop `worker` for good: exclude it, SIGTERM it, SIGKILL it after --stop-grace."""
@@ -265,88 +267,88 @@ class Conductor:
         for action in decision.actions:
             self._act(action, decision.reason)
 
-    def _act(self, action: policy.Action, reason: str) -> None:
-        if isinstance(action, policy.FormRound):
+    def _act(self, action: actions.Action, reason: str) -> None:
+        if isinstance(action, actions.FormRound):
             self._form_round(list(action.members), reason, action.cause)
-        elif isinstance(action, policy.WaitForWorkers):
+        elif isinstance(action, actions.WaitForWorkers):
             self.phase, self._short_since = Phase.SHORT, action.since
-        elif isinstance(action, policy.FillSlots):
+        elif isinstance(action, actions.FillSlots):
             self._scale()
-        elif isinstance(action, policy.Launch):
+        elif isinstance(action, actions.Launch):
             self._spawn(self._staffing.grow(action.places, lambda: self.phase.forms_rounds))
-        elif isinstance(action, policy.AskToLeave):
+        elif isinstance(action, actions.AskToLeave):
             ask = action
             self.apply(leaving.leave(self.view(), ask.worker_id, ask.why, ask.cause, ask.along))
-        elif isinstance(action, policy.StopWorker):
+        elif isinstance(action, actions.StopWorker):
             log.info("%s is stopped: %s", self._where(action.worker_id), action.why)
             self.stop(self._workers[action.worker_id])
-        elif isinstance(action, policy.HandOver):
+        elif isinstance(action, actions.HandOver):
             worker = self._workers[action.worker_id]
             worker.state, worker.handing_over = WorkerState.LEAVING, True
             worker.leave_reason, worker.leave_cause = action.why, action.cause
             self._leavers.add(worker.worker_id)
             self._save_soon()
-        elif isinstance(action, policy.LetGo):
+        elif isinstance(action, actions.LetGo):
             worker = self._workers[action.worker_id]
             worker.state, worker.handing_over = WorkerState.LEAVING, False
             self._rendezvous.exclude(worker.worker_id)
             self._save_soon()
-        elif isinstance(action, policy.Finish):
+        elif isinstance(action, actions.Finish):
             self._finish(action.code, action.message or None)
-        elif isinstance(action, policy.Log):
+        elif isinstance(action, actions.Log):
             getattr(log, action.level)("%s", action.line, extra=self._tags(action))
-        elif isinstance(action, policy.ShowProgress):
+        elif isinstance(action, actions.ShowProgress):
             if self._clock() - self._last_progress >= PROGRESS_EVERY:
                 self._last_progress = self._clock()
                 log.warning("%s", action.line)
-        elif isinstance(action, policy.RecordFleetLoss):
+        elif isinstance(action, actions.RecordFleetLoss):
             self._fleet_loss = action.loss
-        elif isinstance(action, policy.MarkEnded):
+        elif isinstance(action, actions.MarkEnded):
             worker = self._workers[action.worker_id]
             worker.state = WorkerState.FAILED if action.failed else WorkerState.EXITED
             worker.handing_over = False  # ended: its state goes with it
-        elif isinstance(action, policy.MarkExiting):
+        elif isinstance(action, actions.MarkExiting):
             self._workers[action.worker_id].exiting = True
             self._save_soon()  # a restarted driver must know it said so
-        elif isinstance(action, policy.TakeOut):
+        elif isinstance(action, actions.TakeOut):
             worker = self._workers[action.worker_id]
             if worker.state.alive:  # told first: a collective it is blocked in fails now
                 word = EpochBroken(action.number, action.why, rejoin=True)
                 self._channels.send(word, [worker.worker_id])
                 self.stop(worker)
-        elif isinstance(action, policy.Signal):
+        elif isinstance(action, actions.Signal):
             process = self._workers[action.worker_id].process
             if action.kill:
                 process.kill()
             else:
                 process.terminate()
-        elif isinstance(action, policy.CoolDown):
+        elif isinstance(action, actions.CoolDown):
             self._watcher.host_failed(action.hostname, action.why)
-        elif isinstance(action, policy.BreakRound):
+        elif isinstance(action, actions.BreakRound):
             self.rounds.break_round(action.number, action.why)
-        elif isinstance(action, policy.Reform):
+        elif isinstance(action, actions.Reform):
             if action.cause is Cause.FAILURE:
                 self.timeline.noticed()
             self._wanted_causes.append(action.cause)
             self._reform(action.why, action.broken)
-        elif isinstance(action, policy.Arrived):
+        elif isinstance(action, actions.Arrived):
             self.rounds.arrived(action.worker_id)
-        elif isinstance(action, policy.ReformIfStillWaiting):
+        elif isinstance(action, actions.ReformIfStillWaiting):
             self._failure_reported.add(action.number)
             self._spawn(self._reform_if_still_waiting(action.number))
-        elif isinstance(action, policy.AdvanceTo):
+        elif isinstance(action, actions.AdvanceTo):
             self._rendezvous.advance_to(action.number)
-        elif isinstance(action, policy.BeginFinishing):
+        elif isinstance(action, actions.BeginFinishing):
             self.begin_finishing()
-        elif isinstance(action, policy.SeeIfEnded):
-            self.apply(policy.job_end(self.view()))
-        elif isinstance(action, policy.SeeHandovers):
+        elif isinstance(action, actions.SeeIfEnded):
+            self.apply(forming.job_end(self.view()))
+        elif isinstance(action, actions.SeeHandovers):
             self._see_handovers()
 
     def _form_wanted_round(self, reasons: list[str]) -> None:
         cause = self._wanted_causes[0] if self._wanted_causes else Cause.JOIN
-        why = policy.summarize(reasons)
-        self.apply(policy.next_round(self.view(), why, self._clock(), cause))
+        why = forming.summarize(reasons)
+        self.apply(forming.next_round(self.view(), why, self._clock(), cause))
 
     def _form_round(self, members: list[str], why: str, cause: Cause) -> None:
         """Form the next round with `members`, for `cause` unless a round was wanted for
@@ -365,7 +367,7 @@ class Conductor:
 
     def _reform(self, why: str, broken: bool = False) -> None:
         """Ask for the next round; `broken`: a member died (see `RoundKeeper.want`)."""
-        awaited = (lambda: policy.survivors_not_waiting(self.view())) if broken else None
+        awaited = (lambda: forming.survivors_not_waiting(self.view())) if broken else None
         self.rounds.want(why, awaited)
 
     def begin_finishing(self) -> None:
@@ -451,7 +453,7 @@ class Conductor:
             ids = [w for w, slot in self._rendezvous.slots.items() if slot.rank in behind]
             self.apply(on_workers.stalled(self.view(), ids, stall.line, now))
 
-    def _tags(self, line: policy.Log) -> dict[str, Any]:
+    def _tags(self, line: actions.Log) -> dict[str, Any]:
         """The `extra=` of a policy's `line`: its event, and the rank and host of its worker."""
         worker = self._workers.get(line.worker_id)
         slot = self._rendezvous.slot_of(line.worker_id) if worker is not None else None

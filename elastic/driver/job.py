@@ -49,9 +49,10 @@ from elastic.driver.logs import LogTail, WorkerLines, tags
 from elastic.driver.observe.loop_lag import LoopLag
 from elastic.driver.observe.prometheus import JobMetrics
 from elastic.driver.observe.timeline import RoundTimeline
+from elastic.driver.policy.causes import Cause
 from elastic.driver.policy.liveness import Limits
+from elastic.driver.policy.phase import Phase
 from elastic.driver.policy.planning import first_places
-from elastic.driver.policy.rounds import Cause, Phase
 from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.reports import (

@@ -53,7 +53,7 @@ class Worker:
     handing_over: bool = False  # LEAVING, but the only holder of the newest commit: a member
     # until another member reports holding that commit
     leave_reason: str = ""  # why it leaves, while `handing_over`
-    leave_cause: str = "leave"  # what for (a `policy.rounds.Cause`), while `handing_over`
+    leave_cause: str = "leave"  # what for (a `policy.causes.Cause`), while `handing_over`
     waiting_since: float | None = None  # when it first waited at the rendezvous to join
     progress: WorkerProgress = field(default_factory=WorkerProgress)  # its heartbeats say
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 
-from elastic.driver.policy.rounds import NOTHING, Decision, JobView, Signal
+from elastic.driver.policy.actions import NOTHING, Decision, Signal
+from elastic.driver.policy.view import JobView
 from elastic.driver.policy.worker_events import failed
 
 Reports = Mapping[str, Set[int]]

@@ -1,8 +1,8 @@
 """What a worker's exit, verdict, failure or wait at the rendezvous means for the job. Pure.
 
-`Job` records what a worker reported (its commit, since when it waits) before it asks; the
-decisions below change the worker records only through their actions (`MarkEnded`), so a
-follow-up that depends on the changed records is an action of its own (`SeeIfEnded`,
+The conductor records what a worker reported (its commit, since when it waits) before it
+asks; the decisions below change the worker records only through their actions (`MarkEnded`),
+so a follow-up that depends on the changed records is an action of its own (`SeeIfEnded`,
 `SeeHandovers`, `FillSlots`), decided when its turn comes.
 """
 
@@ -11,20 +11,17 @@ from __future__ import annotations
 import signal
 from collections.abc import Sequence
 
-from elastic.driver.policy.liveness import Ending, Verdict, ending
-from elastic.driver.policy.rounds import (
+from elastic.driver.policy.actions import (
     NOTHING,
     Action,
     AdvanceTo,
     Arrived,
     BeginFinishing,
     BreakRound,
-    Cause,
     CoolDown,
     Decision,
     FillSlots,
     Finish,
-    JobView,
     Log,
     MarkEnded,
     Reform,
@@ -33,9 +30,12 @@ from elastic.driver.policy.rounds import (
     SeeIfEnded,
     Signal,
     TakeOut,
-    fleet_lost,
-    joiner_waiting,
 )
+from elastic.driver.policy.causes import Cause
+from elastic.driver.policy.fleet_loss import fleet_lost
+from elastic.driver.policy.forming import joiner_waiting
+from elastic.driver.policy.liveness import Ending, Verdict, ending
+from elastic.driver.policy.view import JobView
 from elastic.driver.settings import FailureScope
 from elastic.driver.workers import Worker, WorkerState
 
