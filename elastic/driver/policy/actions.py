@@ -15,10 +15,11 @@ from elastic.driver.policy.view import FleetLoss
 
 @dataclass(frozen=True)
 class FormRound:
-    """Form the next round with `members`, in rank order, and tell the previous members;
-    `cause`: what it is for, unless a wanted round's causes say otherwise (`Reform`)."""
+    """Form the next round with `members`, in rank order, for `why`, and tell the previous
+    members; `cause`: what it is for, unless a wanted round's causes say otherwise (`Reform`)."""
 
     members: tuple[str, ...]
+    why: str
     cause: Cause = Cause.JOIN
 
 
@@ -210,6 +211,15 @@ class SeeHandovers:
     elsewhere (`leaving.handovers`)."""
 
 
+@dataclass(frozen=True)
+class Drain:
+    """Mark `hostname` drained by an operator (`drained`), or no longer: a drained host gets
+    no new workers. A restarted driver keeps the mark."""
+
+    hostname: str
+    drained: bool
+
+
 Action = (
     FormRound
     | WaitForWorkers
@@ -236,6 +246,7 @@ Action = (
     | BeginFinishing
     | SeeIfEnded
     | SeeHandovers
+    | Drain
 )
 
 

@@ -56,7 +56,7 @@ def next_round(view: JobView, why: str, now: float, cause: Cause = Cause.JOIN) -
     if limit is not None and view.resets + 1 > limit:
         message = f"reset limit reached: {limit} re-rendezvous (--reset-limit); {why}"
         return Decision((Finish(1, message),), message)
-    return Decision((FormRound(tuple(members), cause),), why)
+    return Decision((FormRound(tuple(members), why, cause),), why)
 
 
 def survivors(view: JobView) -> list[str]:

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
 
-from elastic.driver.policy.actions import NOTHING, Action, AskToLeave, Decision, SeeHandovers
+from elastic.driver.discovery.tracker import HostChange
+from elastic.driver.policy.actions import (
+    NOTHING,
+    Action,
+    AskToLeave,
+    Decision,
+    Drain,
+    FillSlots,
+    Log,
+    SeeHandovers,
+)
 from elastic.driver.policy.causes import Cause
 from elastic.driver.policy.view import JobView
 
@@ -77,3 +87,54 @@ def hosts_resized(view: JobView, slots: Mapping[str, int]) -> Decision:
     leaving = {view.workers[a.worker_id].hostname for a in actions if isinstance(a, AskToLeave)}
     shrunk = ", ".join(f"{h}:{n}" for h, n in slots.items() if h in leaving)
     return Decision(actions, f"host(s) offer fewer slots: {shrunk}")
+
+
+def hosts_changed(
+    view: JobView,
+    change: HostChange,
+    offered: Set[str],
+    noticed: Mapping[str, float],
+    drained: Set[str],
+) -> Decision:
+    """Discovery or a cooldown changed the usable hosts (`change`). `offered`: the hosts
+    discovery offers now; `noticed`: those of them about to go (hostname -> when, on the
+    driver's clock); `drained`: those an operator drained.
+
+    Workers on a removed host leave unless discovery still offers it (a host merely in
+    cooldown keeps its live workers); one noticed or drained counts as not offered
+    (`hosts_removed`). Workers beyond a shrunk host's new count leave (`hosts_resized`).
+    Added hosts are said; free slots are filled last, once the leavers are asked."""
+    discovered = set(offered) - noticed.keys() - drained
+    removed = hosts_removed(view, change.removed, discovered, noticed, drained)
+    sizes = {h.hostname: h.slots for h in change.hosts}
+    resized = hosts_resized(view, {name: sizes[name] for name in change.resized})
+    added = ", ".join(change.added)
+    said = (Log("info", f"hosts available: {added}", "join"),) if change.added else ()
+    reason = "; ".join(r for r in (removed.reason, resized.reason) if r)
+    return Decision((*removed.actions, *resized.actions, *said, FillSlots()), reason)
+
+
+def drain_asked(
+    view: JobView, hostname: str, drained: bool, was_drained: bool, cooling: bool
+) -> Decision:
+    """An operator drained `hostname` (`drained`) or undrained it; `was_drained`: whether it
+    was drained already (then nothing changes); `cooling`: whether it is in cooldown now.
+
+    A drained host gets no new workers (`Drain`), and its workers leave at their next step:
+    through the change of usable hosts that the drain brings about (`hosts_changed`), or, for
+    a host in cooldown, which was not usable and so brings no change, here and now. An
+    undrained host's free slots are filled again (by that change)."""
+    if drained == was_drained:
+        return NOTHING
+    if not drained:
+        line = f"host {hostname} is undrained: its free slots are filled again"
+        return Decision((Log("info", line), Drain(hostname, False)), "")
+    line = (
+        f"host {hostname} is drained (elasticrun drain): its workers leave at their next "
+        f"step, and it gets no new ones until `elasticrun undrain {hostname}`"
+    )
+    said = (Log("warning", line, "leave"), Drain(hostname, True))
+    if not cooling:
+        return Decision(said, "")  # the host change it brings about decides, with its reason
+    leave = hosts_removed(view, [hostname], set(), {}, frozenset({hostname}))
+    return Decision((*said, *leave.actions), leave.reason)
