@@ -24,8 +24,9 @@ from elastic.driver.server.endpoints import Endpoints
 from elastic.driver.server.page_api import SharedStatus
 from elastic.driver.server.services import Services
 from elastic.driver.server.sessions import PageSessions, SessionLimits
+from elastic.driver.server.status_body import JobStatus
 from elastic.driver.settings import Settings
-from elastic.protocol.http import HostStatus, JobStatus, WorkerStatus
+from elastic.protocol.http import HostStatus, WorkerStatus
 
 TOKEN = "page-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -34,7 +35,7 @@ JOB_ID = "job-7f3a2c"
 HOST = "host-alpha"
 STATUS = JobStatus(
     job_id=JOB_ID,
-    epoch=3,
+    round=3,
     size=1,
     hosts=[HostStatus(hostname=HOST, slots=2)],
     workers=[WorkerStatus(worker_id="w-0", rank=0, hostname=HOST, local_rank=0, state="member")],
@@ -361,11 +362,11 @@ def test_every_open_page_shares_one_status_per_half_second() -> None:
 
     def status() -> JobStatus:
         built.append(clock.now)
-        return STATUS.model_copy(update={"epoch": len(built)})
+        return STATUS.model_copy(update={"round": len(built), "epoch": len(built)})
 
     shared = SharedStatus(max_age=0.5, clock=clock)
     first = shared.json(status)
     clock.now += 0.49
     assert shared.json(status) is first and len(built) == 1  # a second page's poll
     clock.now += 0.01
-    assert JobStatus.model_validate_json(shared.json(status)).epoch == 2
+    assert JobStatus.model_validate_json(shared.json(status)).round == 2

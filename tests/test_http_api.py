@@ -21,6 +21,7 @@ from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.limits import MAX_BODY_BYTES
 from elastic.driver.server.services import Services
+from elastic.driver.server.status_body import JobStatus
 from elastic.protocol.http import (
     MAX_KEY_LENGTH,
     MAX_KEYS_PER_REQUEST,
@@ -28,7 +29,6 @@ from elastic.protocol.http import (
     MAX_VALUE_BYTES,
     CompareSetRequest,
     HostStatus,
-    JobStatus,
     SlotInfo,
 )
 from elastic.worker.client import DriverClient, DriverError
@@ -48,7 +48,7 @@ def b64(raw: bytes) -> str:
 def make_services() -> Services:
     rendezvous = Rendezvous()
     status = JobStatus(
-        job_id="j1", epoch=1, size=1, hosts=[HostStatus(hostname="h", slots=1)], workers=[]
+        job_id="j1", round=1, size=1, hosts=[HostStatus(hostname="h", slots=1)], workers=[]
     )
     return Services(TOKEN, MemoryKeyValueStore(), rendezvous, lambda: status)
 

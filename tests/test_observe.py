@@ -17,11 +17,11 @@ from elastic.driver.observe.timeline import (
     NOTICED_TO_FORMED,
     RoundTimeline,
 )
+from elastic.driver.server.status_body import JobStatus
 from elastic.protocol.beats import Activity
 from elastic.protocol.http import (
     CollectiveStatus,
     HostStatus,
-    JobStatus,
     StalledRank,
     StallReport,
     WorkerStatus,
@@ -137,7 +137,7 @@ def test_loop_lag_is_the_worst_of_the_window() -> None:
 def test_the_exposition_parses_and_holds_what_an_operator_reads() -> None:
     status = JobStatus(
         job_id="j1",
-        epoch=3,
+        round=3,
         size=2,
         hosts=[HostStatus(hostname="a", slots=2), HostStatus(hostname="b", slots=2)],
         workers=[

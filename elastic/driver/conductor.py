@@ -19,7 +19,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from elastic.driver.control.channels import ControlChannels
-from elastic.driver.control.events import EpochBroken
+from elastic.driver.control.events import RoundBroken
 from elastic.driver.discovery.watcher import HostWatcher
 from elastic.driver.journal.resume import Tally
 from elastic.driver.launch.fleet import Fleet
@@ -191,7 +191,7 @@ class Conductor:
             short_since=self._short_since if self.phase is Phase.SHORT else None,
             newest_commit=self.tally.newest_commit,
             fleet_loss=self._fleet_loss,
-            round=self._rendezvous.epoch,
+            round=self._rendezvous.round,
             slots=self._rendezvous.slots,
             command=self._settings.command,
             round_wanted=self.rounds.batcher.pending,
@@ -204,7 +204,7 @@ class Conductor:
         (--verbose) log its reason."""
         if decision.reason:
             record = DecisionRecord(
-                time=time.time(), round=self._rendezvous.epoch, reason=decision.reason
+                time=time.time(), round=self._rendezvous.round, reason=decision.reason
             )
             self.decisions.append(record)
             log.debug("decision: %s", decision.reason)
@@ -279,7 +279,7 @@ class Conductor:
         (`UNREACHABLE_SETTLE` heartbeat intervals, `UNREACHABLE_SETTLE_FLOOR` s at least),
         after which `reachability.cut_off` decides from all of them."""
         number, reports = self._unreachable
-        if report.round != self._rendezvous.epoch or not self.phase.forms_rounds:
+        if report.round != self._rendezvous.round or not self.phase.forms_rounds:
             return
         if number != report.round:
             number, reports = self._unreachable = (report.round, {})
@@ -386,7 +386,7 @@ class Conductor:
     def _take_out(self, action: actions.TakeOut) -> None:
         worker = self._workers[action.worker_id]
         if worker.state.alive:  # told first: a collective it is blocked in fails now
-            word = EpochBroken(action.number, action.why, rejoin=True)
+            word = RoundBroken(action.number, action.why, rejoin=True)
             self._channels.send(word, [worker.worker_id])
             self.stop(worker)
 
@@ -437,7 +437,7 @@ class Conductor:
 
     async def _reform_if_still_waiting(self, number: int) -> None:
         await asyncio.sleep(self._settings.heartbeat_interval)
-        if self._rendezvous.epoch == number and self.phase.forms_rounds:
+        if self._rendezvous.round == number and self.phase.forms_rounds:
             self._reform("a worker reported a failed collective", broken=True)
 
     def _look_for_stall(self, now: float) -> None:
@@ -447,7 +447,7 @@ class Conductor:
         if now - self._stall_looked < STALL_LOOK_EVERY:
             return
         self._stall_looked = now
-        number = self._rendezvous.epoch
+        number = self._rendezvous.round
         members = rank_activities(number, self._rendezvous.slots, self._workers, now)
         stall = find_stall(number, members, self._settings.stall_warning)
         previous, self.stall = self.stall, stall

@@ -66,9 +66,10 @@ from elastic.driver.reports import (
 from elastic.driver.server.endpoints import Endpoints
 from elastic.driver.server.services import Services
 from elastic.driver.server.status import describe_job
+from elastic.driver.server.status_body import JobStatus
 from elastic.driver.settings import Settings
 from elastic.driver.workers import Worker, WorkerState
-from elastic.protocol.http import HostStatus, JobStatus
+from elastic.protocol.http import HostStatus
 
 log = logging.getLogger("elasticrun")
 
@@ -216,7 +217,7 @@ class Job:
             stop_job=lambda: self._reports.put_nowait(StopAsked()),
         )  # fmt: skip
         inputs = WorkerInputs(
-            self._workers, self._channels, self._reports, lambda: self._rendezvous.epoch,
+            self._workers, self._channels, self._reports, lambda: self._rendezvous.round,
             self._clock, first_step=self._first_step,
         )  # fmt: skip
         address = self._hosts.bind_address(hosts, self.settings.network_interface)
@@ -342,7 +343,7 @@ class Job:
         self._fleet.serial = state.serial
         self._workers.update((w.worker_id, w) for w in saved.workers)
         self._rendezvous.restore(
-            state.epoch, [(w, self._workers[w].hostname) for w in state.members]
+            state.round, [(w, self._workers[w].hostname) for w in state.members]
         )
         for worker in saved.workers:  # let go (`LetGo`) by the dead driver: its joins are
             if worker.state is WorkerState.LEAVING and not worker.handing_over:  # turned away
@@ -352,7 +353,7 @@ class Job:
         self._conductor.resume(tally, state.finishing)
         alive = sum(1 for w in saved.workers if w.state.alive)
         log.info(
-            "resuming job %s at round %d: %d worker(s) to re-adopt", self.job_id, state.epoch,
+            "resuming job %s at round %d: %d worker(s) to re-adopt", self.job_id, state.round,
             alive,
         )  # fmt: skip
 
@@ -418,14 +419,14 @@ class Job:
                      if w.progress.activity is not None), default=0)  # fmt: skip
         return (
             f"job {self.job_id} ended with exit code {code} after {seconds:.1f} s: "
-            f"{self._rendezvous.epoch} round(s), {reforms} re-form(s)"
+            f"{self._rendezvous.round} round(s), {reforms} re-form(s)"
             + (f" ({causes})" if causes else "")
             + f", {steps} step(s)"
         )
 
     def current_round(self) -> int | None:
         """The job's round now, for log lines: None before the first is formed."""
-        return self._rendezvous.epoch or None
+        return self._rendezvous.round or None
 
     @property
     def end_message(self) -> str:

@@ -13,8 +13,8 @@ from elastic.driver.observe.progress import WorkerProgress
 
 
 class WorkerState(enum.Enum):
-    LAUNCHING = "launching"  # started, not yet a member of a formed epoch
-    MEMBER = "member"  # in the current epoch
+    LAUNCHING = "launching"  # started, not yet a member of a formed round
+    MEMBER = "member"  # in the current round
     LEAVING = "leaving"  # asked to leave (SIGTERM, removed host): goes at its next commit,
     # or, while `handing_over`, once another member holds its commit
     EXITED = "exited"  # ended with code 0
@@ -38,7 +38,7 @@ class Worker:
     exit_code: int | None = None
     registered: bool = False
     exiting: bool = False  # said it is shutting down: its stream closing is not a death
-    joined: bool = False  # has joined an epoch at the rendezvous
+    joined: bool = False  # has joined a round at the rendezvous
     pid: int | None = None  # as the worker reported it (remote workers too)
     launched_at: float = 0.0
     last_heartbeat: float = 0.0

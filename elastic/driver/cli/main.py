@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     console = logging.StreamHandler()  # stderr
     console.setFormatter(launcher_formatter("text"))
     logging.basicConfig(handlers=[console], level=logging.WARNING)
-    log.setLevel(logging.INFO)  # epochs, launches and leaves; --verbose adds the details
+    log.setLevel(logging.INFO)  # rounds, launches and leaves; --verbose adds the details
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in COMMANDS:
         return job_command_main(argv[0], argv[1:])

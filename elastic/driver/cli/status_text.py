@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from elastic.protocol.http import HostStatus, JobStatus, RoundRecord, WorkerStatus
+from elastic.driver.server.status_body import JobStatus
+from elastic.protocol.http import HostStatus, RoundRecord, WorkerStatus
 
 ROUNDS_SHOWN = 5
 DECISIONS_SHOWN = 5
@@ -65,7 +66,7 @@ def _round(entry: RoundRecord) -> str:
 def render(status: JobStatus, now: float | None = None) -> str:
     """The job's round and size, hosts, workers, stall, newest rounds and decisions, URLs."""
     now = time.time() if now is None else now
-    lines = [f"job {status.job_id}: round {status.epoch}, {status.size} worker(s) in it"]
+    lines = [f"job {status.job_id}: round {status.round}, {status.size} worker(s) in it"]
     if status.urls is not None:
         u = status.urls
         lines.append(f"  api {u.api}  metrics {u.metrics}  page {u.page}")

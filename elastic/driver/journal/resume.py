@@ -140,7 +140,7 @@ def snapshot(
     dropped = {id(w) for w in ended[:-ENDED_KEPT]}
     kept = [w for w in workers if id(w) not in dropped]  # in launch order
     state = JobState(
-        epoch=rendezvous.epoch,
+        round=rendezvous.round,
         members=rendezvous.members,
         workers=[worker_record(w) for w in kept],
         discovered=[f"{h.hostname}:{h.slots}" for h in tracker.discovered_hosts],

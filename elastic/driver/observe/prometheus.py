@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from elastic.protocol.http import JobStatus, WorkerStatus
+from elastic.driver.server.status_body import JobStatus
+from elastic.protocol.http import WorkerStatus
 
 RECOVERY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 WORKER_STATES = ("launching", "member", "leaving", "exited", "failed", "stopped")
@@ -50,7 +51,7 @@ class _Snapshot(Collector):
         info = GaugeMetricFamily("elasticrun_job_info", "The job (value 1)", labels=["job_id"])
         info.add_metric([status.job_id], 1)
         yield info
-        yield GaugeMetricFamily("elasticrun_round", "The current round's number", status.epoch)
+        yield GaugeMetricFamily("elasticrun_round", "The current round's number", status.round)
         yield GaugeMetricFamily("elasticrun_size", "Members of the current round", status.size)
         workers = GaugeMetricFamily("elasticrun_workers", "Workers by state", labels=["state"])
         for state in WORKER_STATES:

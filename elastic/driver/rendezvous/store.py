@@ -59,4 +59,4 @@ class KeyValueStore(ABC):
 
     @abstractmethod
     async def delete_prefix(self, prefix: str) -> int:
-        """Delete every key starting with `prefix` (an old epoch's namespace); return how many."""
+        """Delete every key starting with `prefix` (an old round's namespace); return how many."""
