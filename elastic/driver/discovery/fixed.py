@@ -9,9 +9,9 @@ from elastic.driver.discovery.hosts import HostSpec
 
 
 class FixedHosts(HostDiscovery):
-    """Always the same hosts (already parsed and checked by `elastic.driver.discovery.hosts`).
-
-    Never raises: a fixed list cannot fail.
+    """`HostDiscovery` of always the same hosts (already parsed and checked by
+    `elastic.driver.discovery.hosts`); see `HostDiscovery.find` for the contract. Never
+    raises: a fixed list cannot fail.
     """
 
     def __init__(self, hosts: Iterable[HostSpec]) -> None:

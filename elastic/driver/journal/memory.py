@@ -14,7 +14,8 @@ from elastic.driver.journal.backend import JobLocked, StateBackend
 
 
 class MemoryBackend(StateBackend):
-    """Job state that lives as long as the driver: nothing to set up, nothing to resume.
+    """`StateBackend` in the driver's memory (see `StateBackend` for each method's
+    contract): job state that lives as long as the driver, nothing to set up or resume.
 
     `claim` holds the job id on this host for as long as the claim (the lock file lives in
     `runtime_folder`, default: the job files' folder); a live driver holding it makes `claim`

@@ -37,6 +37,9 @@ class LocalProcess(SubprocessWorker):
 
 
 class LocalLauncher(Launcher):
+    """`Launcher` of local child processes (see `Launcher` for the contract), each the leader
+    of its own process group, its output piped to the driver."""
+
     async def launch(self, spec: WorkerSpec) -> WorkerProcess:
         try:
             process = await asyncio.create_subprocess_exec(

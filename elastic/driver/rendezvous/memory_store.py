@@ -11,7 +11,9 @@ from elastic.driver.rendezvous.store import INT64_MAX, INT64_MIN, KeyValueStore
 
 
 class MemoryKeyValueStore(KeyValueStore):
-    """A dict plus a change notifier; all methods run on the driver's event loop."""
+    """`KeyValueStore` as a dict plus a change notifier (see `KeyValueStore` for each
+    method's contract); every method runs on the driver's event loop. Lost with the driver:
+    a restarted one forms a new round before anyone needs the old keys."""
 
     def __init__(self) -> None:
         self._data: dict[str, bytes] = {}
