@@ -16,7 +16,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, get_args
 
 from elastic.driver.control.channels import ControlChannels
 from elastic.driver.control.events import RoundBroken
@@ -27,8 +27,14 @@ from elastic.driver.launch.staffing import Staffing
 from elastic.driver.logs import tags
 from elastic.driver.observe.stalls import find_stall, rank_activities, same_stall
 from elastic.driver.observe.timeline import RoundTimeline
-from elastic.driver.policy import actions, forming, host_changes, leaving, reachability
-from elastic.driver.policy import worker_events as on_workers
+from elastic.driver.policy import (
+    actions,
+    forming,
+    host_changes,
+    leaving,
+    reachability,
+    worker_events,
+)
 from elastic.driver.policy.actions import Decision
 from elastic.driver.policy.causes import Cause
 from elastic.driver.policy.phase import Phase
@@ -168,6 +174,8 @@ class Conductor:
             actions.SeeHandovers: lambda _: self._see_handovers(),
             actions.Drain: self._drain,
         }
+        assert set(self._hearers) == set(get_args(Report)), "a report without a hearer"
+        assert set(self._doers) == set(get_args(actions.Action)), "an action without a doer"
 
     def resume(self, tally: Tally, finishing: bool) -> None:
         """Take up the counters and phase an earlier driver saved, its workers restored."""
@@ -236,11 +244,11 @@ class Conductor:
         self._channels.forget(report.worker.worker_id)
         process = report.worker.process
         unwatched = process is not None and process.ended_unwatched
-        self.apply(on_workers.exited(self.view(), report.worker, unwatched, self._clock()))
+        self.apply(worker_events.exited(self.view(), report.worker, unwatched, self._clock()))
 
     def _on_judged(self, report: Judged) -> None:
         timeout, now = self._settings.start_timeout, self._clock()
-        self.apply(on_workers.judged(self.view(), report.worker, report.verdict, timeout, now))
+        self.apply(worker_events.judged(self.view(), report.worker, report.verdict, timeout, now))
 
     def _on_tick(self, report: Tick) -> None:
         self.apply(forming.tick(self.view(), report.now))
@@ -254,10 +262,10 @@ class Conductor:
         if self._elastic is None or not self.phase.forms_rounds:
             return
         self._note_commit(worker, report.commit)
-        self.apply(on_workers.caught_up(self.view(), report.after))
+        self.apply(worker_events.caught_up(self.view(), report.after))
         if worker.state is WorkerState.LAUNCHING and worker.waiting_since is None:
             worker.waiting_since = self._clock()
-        self.apply(on_workers.waiting(self.view(), worker, report.after, self._clock()))
+        self.apply(worker_events.waiting(self.view(), worker, report.after, self._clock()))
 
     def _on_joined(self, report: Joined) -> None:
         if (worker := self._workers.get(report.worker_id)) is not None:
@@ -266,7 +274,7 @@ class Conductor:
     def _on_heard(self, report: Heard) -> None:
         if self._workers[report.worker_id].state.alive:
             self._note_commit(self._workers[report.worker_id], report.commit)
-            self.apply(on_workers.caught_up(self.view(), report.round))
+            self.apply(worker_events.caught_up(self.view(), report.round))
 
     def _on_leave_asked(self, report: LeaveAsked) -> None:
         worker = self._workers[report.worker_id]
@@ -289,11 +297,11 @@ class Conductor:
     def _on_keys_lost(self, report: KeysLost) -> None:
         if report.round not in self._keys_lost:
             self._keys_lost.add(report.round)
-            self.apply(on_workers.keys_lost(self.view(), report.round))
+            self.apply(worker_events.keys_lost(self.view(), report.round))
 
     def _on_durable(self, report: DurableStale) -> None:
         worker = self._workers[report.worker_id]
-        self.apply(on_workers.durable_stale(worker, report.stale, report.written))
+        self.apply(worker_events.durable_stale(worker, report.stale, report.written))
 
     def _on_drain(self, report: DrainAsked) -> None:
         tracker, hostname = self._watcher.tracker, report.hostname
@@ -456,7 +464,7 @@ class Conductor:
         if previous is None or not same_stall(previous, stall):
             log.warning("%s", stall.line, extra={"event": "stall"})
         timeout = self._settings.stall_timeout
-        self.apply(on_workers.stall_seen(self.view(), stall, timeout, now))
+        self.apply(worker_events.stall_seen(self.view(), stall, timeout, now))
 
     def _tags(self, line: actions.Log) -> dict[str, Any]:
         """The `extra=` of a policy's `line`: its event, and the rank and host of its worker."""
