@@ -24,9 +24,8 @@ from elastic.driver.server.endpoints import Endpoints
 from elastic.driver.server.page_api import SharedStatus
 from elastic.driver.server.services import Services
 from elastic.driver.server.sessions import PageSessions, SessionLimits
-from elastic.driver.server.status_body import JobStatus
 from elastic.driver.settings import Settings
-from elastic.protocol.http import HostStatus, WorkerStatus
+from elastic.protocol.http import HostStatus, JobStatus, WorkerStatus
 
 TOKEN = "page-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

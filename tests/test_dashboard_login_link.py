@@ -24,7 +24,7 @@ import pytest
 
 from elastic.driver.job_file import find_job
 from elastic.driver.logs import LogTail, terminal_handlers
-from elastic.driver.server.status_body import JobStatus
+from elastic.protocol.http import JobStatus
 from tests.conftest import ELASTICRUN, RunningJob, processes_naming, write_script
 
 LINK = re.compile(r"https?://\S+/ui/login\?code=[\w-]+")

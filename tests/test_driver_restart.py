@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from elastic.driver.job_file import runtime_dir
-from elastic.driver.server.status_body import JobStatus
+from elastic.protocol.http import JobStatus
 from tests.conftest import ELASTICRUN, RunningJob, pids_alive
 from tests.etcd_server import EtcdServer, JobLock
 from tests.test_elastic import ONE_WORKER_FAILS, assert_exactly_once, job_args, ranks_to_pids

@@ -21,7 +21,6 @@ from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.limits import MAX_BODY_BYTES
 from elastic.driver.server.services import Services
-from elastic.driver.server.status_body import JobStatus
 from elastic.protocol.http import (
     MAX_KEY_LENGTH,
     MAX_KEYS_PER_REQUEST,
@@ -29,6 +28,7 @@ from elastic.protocol.http import (
     MAX_VALUE_BYTES,
     CompareSetRequest,
     HostStatus,
+    JobStatus,
     SlotInfo,
 )
 from elastic.worker.client import DriverClient, DriverError

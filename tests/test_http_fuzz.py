@@ -25,8 +25,7 @@ from elastic.driver.server import metrics
 from elastic.driver.server.app import create_app
 from elastic.driver.server.limits import MAX_BODY_BYTES
 from elastic.driver.server.services import Services
-from elastic.driver.server.status_body import JobStatus
-from elastic.protocol.http import HostStatus
+from elastic.protocol.http import HostStatus, JobStatus
 from tests.test_http_api import AUTH, TOKEN, serving
 
 WAIT_CAP = 0.01  # seconds: fuzzed timeouts go up to an hour; the backends wait this long at most

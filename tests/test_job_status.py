@@ -11,8 +11,7 @@ from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.server.app import create_app
 from elastic.driver.server.services import Services
 from elastic.driver.server.status import describe_job
-from elastic.driver.server.status_body import JobStatus
-from elastic.protocol.http import DecisionRecord, DurableStatus, HostStatus
+from elastic.protocol.http import DecisionRecord, DurableStatus, HostStatus, JobStatus
 from tests.policy_views import F, L, M, worker
 
 TOKEN = "s3cret-token-value"

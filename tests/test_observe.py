@@ -17,11 +17,11 @@ from elastic.driver.observe.timeline import (
     NOTICED_TO_FORMED,
     RoundTimeline,
 )
-from elastic.driver.server.status_body import JobStatus
 from elastic.protocol.beats import Activity
 from elastic.protocol.http import (
     CollectiveStatus,
     HostStatus,
+    JobStatus,
     StalledRank,
     StallReport,
     WorkerStatus,

@@ -25,10 +25,10 @@ from elastic.driver.job_file import (
     read_job_files,
     write_job_file,
 )
-from elastic.driver.server.status_body import JobStatus
 from elastic.protocol.http import (
     CollectiveStatus,
     HostStatus,
+    JobStatus,
     RoundRecord,
     StalledRank,
     StallReport,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic.driver.server.status_body import JobStatus
+from elastic.protocol.http import JobStatus
 from tests.conftest import ELASTICRUN, pids_alive
 from tests.etcd_server import EtcdServer
 

@@ -66,10 +66,9 @@ from elastic.driver.reports import (
 from elastic.driver.server.endpoints import Endpoints
 from elastic.driver.server.services import Services
 from elastic.driver.server.status import describe_job
-from elastic.driver.server.status_body import JobStatus
 from elastic.driver.settings import Settings
 from elastic.driver.workers import Worker, WorkerState
-from elastic.protocol.http import HostStatus
+from elastic.protocol.http import HostStatus, JobStatus
 
 log = logging.getLogger("elasticrun")
 

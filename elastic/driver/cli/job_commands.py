@@ -37,11 +37,10 @@ from elastic.driver.job_file import SeveralJobs, find_job
 from elastic.driver.journal.backend import BackendError
 from elastic.driver.journal.etcd import EtcdBackend
 from elastic.driver.journal.job_token import find_token, given_token
-from elastic.driver.server.status_body import JobStatus
 from elastic.protocol.env import AUTH_SCHEME
 from elastic.protocol.etcd import DriverAddress, EtcdOptions
 from elastic.protocol.etcd_trust import token_matches
-from elastic.protocol.http import DrainResponse, LoginCode, StopResponse
+from elastic.protocol.http import DrainResponse, JobStatus, LoginCode, StopResponse
 from elastic.protocol.pinning import pinned_ssl_context
 
 COMMANDS = ("status", "drain", "undrain", "stop")

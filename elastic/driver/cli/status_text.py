@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 
-from elastic.driver.server.status_body import JobStatus
-from elastic.protocol.http import HostStatus, RoundRecord, WorkerStatus
+from elastic.protocol.http import HostStatus, JobStatus, RoundRecord, WorkerStatus
 
 ROUNDS_SHOWN = 5
 DECISIONS_SHOWN = 5

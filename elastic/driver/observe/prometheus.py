@@ -15,8 +15,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from elastic.driver.server.status_body import JobStatus
-from elastic.protocol.http import WorkerStatus
+from elastic.protocol.http import JobStatus, WorkerStatus
 
 RECOVERY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 WORKER_STATES = ("launching", "member", "leaving", "exited", "failed", "stopped")

@@ -17,8 +17,7 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 
 from elastic.driver.server import host_drain, stop
 from elastic.driver.server.auth import ServicesDep, SessionsDep, page_session, require_viewer
-from elastic.driver.server.status_body import JobStatus
-from elastic.protocol.http import MAX_KEY_LENGTH, DrainResponse, StopResponse, Strict
+from elastic.protocol.http import MAX_KEY_LENGTH, DrainResponse, JobStatus, StopResponse, Strict
 
 router = APIRouter(
     prefix="/ui/api", include_in_schema=False, dependencies=[Depends(require_viewer)]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.rendezvous.store import KeyValueStore
-from elastic.driver.server.status_body import JobStatus
+from elastic.protocol.http import JobStatus
 
 
 @dataclass

@@ -9,13 +9,13 @@ from fastapi import APIRouter
 
 from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.server.auth import ServicesDep
-from elastic.driver.server.status_body import JobStatus
 from elastic.driver.workers import Worker
 from elastic.protocol.http import (
     DecisionRecord,
     DriverUrls,
     DurableStatus,
     HostStatus,
+    JobStatus,
     RoundRecord,
     StallReport,
     WorkerStatus,
