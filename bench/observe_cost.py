@@ -20,9 +20,9 @@ import time
 
 from bench.support.paths import RESULTS
 from bench.support.provenance import command_line, git_state
-from elastic.driver.observe.metrics import JobMetrics
+from elastic.driver.observe.prometheus import JobMetrics
 from elastic.driver.observe.timeline import RoundTimeline
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.server.status import describe_job
 from elastic.driver.workers import Worker, WorkerState
 from elastic.protocol.beats import Activity

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from elastic.driver.policy.rounds import Decision, JobView, Phase
+from elastic.driver.policy.actions import Decision
+from elastic.driver.policy.phase import Phase
+from elastic.driver.policy.view import JobView
 from elastic.driver.rendezvous.assignment import plan_slots
 from elastic.driver.settings import ElasticSettings
 from elastic.driver.workers import Worker, WorkerState

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from elastic.driver.control.beats import BeatServer
+from elastic.driver.control.heartbeat_port import BeatServer
 from elastic.driver.control.port_limits import (
     READ_PER_LOOK,
     STRANGER_BYTES,
@@ -37,7 +37,7 @@ from tests.test_control import RecordingListener, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "beats-token"
-BEATS_LOGGER = "elastic.driver.control.beats"
+BEATS_LOGGER = "elastic.driver.control.heartbeat_port"
 
 # Floods `port` for `seconds` from four threads: with a hello (hex, else none) an endless
 # stream of beats on one connection each, else endless max-size frames that are no hello,
@@ -382,7 +382,7 @@ def test_one_address_cannot_crowd_out_another_s_strangers(
 # 200 connections arrive: accept fails for want of descriptors at every look.
 FEW_DESCRIPTORS = r"""
 import asyncio, logging, resource, socket, sys, time
-from elastic.driver.control.beats import BeatServer
+from elastic.driver.control.heartbeat_port import BeatServer
 from elastic.driver.control.port_limits import BeatPortLimits
 from tests.test_control import RecordingListener
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

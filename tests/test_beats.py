@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from elastic.driver.control.beats import BeatServer
+from elastic.driver.control.heartbeat_port import BeatServer
 from elastic.protocol.beats import (
     MAX_FRAME,
     Activity,

@@ -14,21 +14,21 @@ import pytest
 
 from elastic.driver.conductor import Conductor
 from elastic.driver.control.channels import ControlChannels
-from elastic.driver.control.events import EpochBroken, HostsUpdated
+from elastic.driver.control.events import HostsUpdated, RoundBroken
 from elastic.driver.discovery import FixedHosts, HostTracker
 from elastic.driver.discovery.cooldown import Cooldown
 from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.discovery.watcher import HostWatcher
-from elastic.driver.journal.memory import MemoryKeyValueStore
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.launch.staffing import Staffing
-from elastic.driver.policy import rounds as policy
-from elastic.driver.policy.rounds import Phase
-from elastic.driver.rendezvous import keeper
+from elastic.driver.policy import host_changes
+from elastic.driver.policy.phase import Phase
+from elastic.driver.rendezvous import round_keeper
 from elastic.driver.rendezvous.batcher import ROUND_AFTER_DEATH
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.reports import (
     DrainAsked,
     Heard,
@@ -123,7 +123,7 @@ class Harness:
         self.conductor.hear(WorkerExited(worker))
 
     def wait(self, index: int) -> None:
-        self.conductor.hear(Waiting(self.workers[index].worker_id, self.rendezvous.epoch, 0))
+        self.conductor.hear(Waiting(self.workers[index].worker_id, self.rendezvous.round, 0))
 
     def heard(self, index: int) -> list[object]:
         stream = self.streams[self.workers[index].worker_id]
@@ -140,13 +140,13 @@ def test_deaths_heard_together_break_the_round_once_and_form_one_round(tmp_path)
         return job
 
     job = asyncio.run(scenario())
-    assert job.rendezvous.epoch == 2
+    assert job.rendezvous.round == 2
     assert job.rendezvous.members == [job.workers[2].worker_id, job.workers[3].worker_id]
     called_back, event = job.heard(2)  # the break once, with the call back, then round 2
-    assert isinstance(called_back, EpochBroken) and called_back.rejoin
+    assert isinstance(called_back, RoundBroken) and called_back.rejoin
     assert "rank 0 on host localhost was killed by signal" in called_back.reason
     assert isinstance(event, HostsUpdated)
-    assert (event.broken_epoch, event.next_epoch) == (1, 2)
+    assert (event.broken_round, event.next_round) == (1, 2)
     assert job.conductor.tally.resets == 1 and job.ended == []
     reasons = [d.reason for d in job.conductor.decisions]
     assert reasons[-1].startswith("rank 0 on host localhost was killed by signal SIGKILL")
@@ -167,16 +167,16 @@ def test_survivors_are_called_back_at_once_and_the_round_forms_when_they_are_bac
         heard_at_once = [job.heard(index) for index in (1, 2, 3)]
         for index in (1, 2, 3):
             job.wait(index)
-        return job, heard_at_once, job.rendezvous.epoch
+        return job, heard_at_once, job.rendezvous.round
 
     job, heard_at_once, epoch_when_back = asyncio.run(scenario())
     reason = "rank 0 on host localhost was killed by signal SIGKILL (exit code -9)"
-    assert heard_at_once == [[EpochBroken(1, reason, rejoin=True)]] * 3
+    assert heard_at_once == [[RoundBroken(1, reason, rejoin=True)]] * 3
     assert epoch_when_back == 2  # no window waited: the last one back formed it
     assert job.rendezvous.members == [job.workers[i].worker_id for i in (1, 2, 3)]
     for index in (1, 2, 3):
         (event,) = job.heard(index)
-        assert isinstance(event, HostsUpdated) and event.next_epoch == 2
+        assert isinstance(event, HostsUpdated) and event.next_round == 2
 
 
 def test_many_survivors_of_a_death_hear_one_event_that_breaks_the_round_and_places_them(
@@ -184,7 +184,7 @@ def test_many_survivors_of_a_death_hear_one_event_that_breaks_the_round_and_plac
 ) -> None:
     """Above `CALL_BACK_AT_MOST` survivors, calling each back would cost the driver more than
     the batcher's window: the break goes with each one's slot, in one event."""
-    monkeypatch.setattr(keeper, "CALL_BACK_AT_MOST", 1)
+    monkeypatch.setattr(round_keeper, "CALL_BACK_AT_MOST", 1)
 
     async def scenario() -> tuple[Harness, Worker]:
         job = Harness(3, elastic=True, tmp_path=tmp_path)
@@ -199,15 +199,15 @@ def test_many_survivors_of_a_death_hear_one_event_that_breaks_the_round_and_plac
 
     job, joiner = asyncio.run(scenario())
     survivors = [job.workers[1].worker_id, job.workers[2].worker_id]
-    assert job.rendezvous.epoch == 2 and job.rendezvous.members == survivors
+    assert job.rendezvous.round == 2 and job.rendezvous.members == survivors
     reason = "rank 0 on host localhost was killed by signal SIGKILL (exit code -9)"
     for index in (1, 2):
         (event,) = job.heard(index)
         assert isinstance(event, HostsUpdated)
-        assert (event.next_epoch, event.broken_epoch, event.broken_reason) == (2, 1, reason)
+        assert (event.next_round, event.broken_round, event.broken_reason) == (2, 1, reason)
         assert job.rendezvous.slot_of(job.workers[index].worker_id) is not None
     # A live worker that was no member of round 1 gets the word on its own.
-    assert [job.streams[joiner.worker_id].get_nowait()] == [EpochBroken(1, reason)]
+    assert [job.streams[joiner.worker_id].get_nowait()] == [RoundBroken(1, reason)]
     assert job.heard(0) == []  # the dead one
 
 
@@ -219,10 +219,10 @@ def test_every_live_worker_hears_the_break_when_no_round_can_form(tmp_path) -> N
         return job
 
     job = asyncio.run(scenario())
-    assert job.rendezvous.epoch == 1 and job.conductor.phase is Phase.SHORT
+    assert job.rendezvous.round == 1 and job.conductor.phase is Phase.SHORT
     reason = "rank 0 on host localhost was killed by signal SIGKILL (exit code -9)"
     for index in (1, 2):  # called back at once; then the word for every live worker
-        assert job.heard(index) == [EpochBroken(1, reason, rejoin=True), EpochBroken(1, reason)]
+        assert job.heard(index) == [RoundBroken(1, reason, rejoin=True), RoundBroken(1, reason)]
 
 
 def test_a_static_job_ends_with_its_first_failure_s_code(tmp_path) -> None:
@@ -236,7 +236,7 @@ def test_a_static_job_ends_with_its_first_failure_s_code(tmp_path) -> None:
         (3, "rank 1 on host localhost exited with code 3; stopping the other workers")
     ]
     assert job.workers[1].state is WorkerState.FAILED
-    assert job.rendezvous.epoch == 1
+    assert job.rendezvous.round == 1
 
 
 def test_a_member_let_go_hears_that_it_leaves_and_the_others_hear_the_new_round(
@@ -254,12 +254,12 @@ def test_a_member_let_go_hears_that_it_leaves_and_the_others_hear_the_new_round(
         return job
 
     job = asyncio.run(scenario())
-    assert job.rendezvous.epoch == 2
+    assert job.rendezvous.round == 2
     assert job.rendezvous.members == [job.workers[i].worker_id for i in (0, 1)]
     heard = [job.heard(i) for i in range(3)]
     assert all(len(events) == 1 and isinstance(events[0], HostsUpdated) for events in heard)
     assert [events[0].leave for events in heard] == [False, False, True]
-    assert all(events[0].next_epoch == 2 for events in heard)
+    assert all(events[0].next_round == 2 for events in heard)
 
 
 def test_a_member_that_finishes_ends_training_and_stops_joiners(tmp_path) -> None:
@@ -325,10 +325,10 @@ def test_a_failed_worker_s_host_mates_are_told_the_break_stopped_and_not_counted
     job = asyncio.run(scenario())
     why = "its host a failed with rank 0 on host a (--failure-scope host)"
     mate = job.workers[1]
-    assert job.heard(1) == [EpochBroken(1, why, rejoin=True)]
+    assert job.heard(1) == [RoundBroken(1, why, rejoin=True)]
     assert mate.process.signals == [signal.SIGTERM]  # type: ignore[union-attr]
     assert mate.state is WorkerState.STOPPED
-    assert job.rendezvous.epoch == 2
+    assert job.rendezvous.round == 2
     assert job.rendezvous.members == [job.workers[2].worker_id, job.workers[3].worker_id]
     assert job.watcher.tracker.cooldown.in_cooldown("a", 0.0)
     assert job.ended == []
@@ -365,13 +365,13 @@ def test_a_removed_host_s_workers_hand_over_to_a_stayer_and_leave_in_one_round(
         job = Harness(3, True, tmp_path, hosts=["a", "a", "b"])
         for worker, commit in zip(job.workers, (16, 16, 15), strict=True):
             worker.commit = commit
-        job.conductor.apply(policy.hosts_removed(job.conductor.view(), ["a"], {"b"}))
+        job.conductor.apply(host_changes.hosts_removed(job.conductor.view(), ["a"], {"b"}))
         await asyncio.sleep(ROUND_AFTER_DEATH * 4)
-        round_before_report = job.rendezvous.epoch
+        round_before_report = job.rendezvous.round
         job.conductor.hear(Heard(job.workers[2].worker_id, 1, 16))
         await asyncio.sleep(ROUND_AFTER_DEATH * 4)  # the batching window of a plain change
         return job, round_before_report
 
     job, round_before_report = asyncio.run(scenario())
     assert round_before_report == 1, "a's workers waited for a holder that stays"
-    assert job.rendezvous.epoch == 2 and job.rendezvous.members == [job.workers[2].worker_id]
+    assert job.rendezvous.round == 2 and job.rendezvous.members == [job.workers[2].worker_id]

@@ -22,8 +22,8 @@ from typing import Any
 import grpc
 import pytest
 
-from elastic.driver.control.beats import BeatServer
-from elastic.driver.control.events import ControlEvent, EpochBroken, HostsUpdated
+from elastic.driver.control.events import ControlEvent, HostsUpdated, RoundBroken
+from elastic.driver.control.heartbeat_port import BeatServer
 from elastic.driver.control.server import ControlServer
 from elastic.protocol import control_pb2 as pb
 from elastic.protocol import control_pb2_grpc as pb_grpc
@@ -75,7 +75,7 @@ class RecordingListener:
     def heartbeat(
         self,
         worker_id: str,
-        epoch: int,
+        round: int,
         commit: int = 0,
         durable: int = 0,
         stale: bool = False,
@@ -83,7 +83,7 @@ class RecordingListener:
     ) -> bool:
         if self.fail_heartbeats:
             raise RuntimeError("listener bug")
-        self._record("heartbeat", worker_id, epoch, commit, durable, stale)
+        self._record("heartbeat", worker_id, round, commit, durable, stale)
         return worker_id not in self.unknown
 
     def leave(self, worker_id: str, reason: str, commit: int) -> bool:
@@ -142,10 +142,10 @@ class Driver:
         return self._loop.run(coroutine, timeout)
 
     def start(self, port: int = 0) -> ControlServer:
-        async def placement(worker_id: str, epoch: int) -> tuple[SlotInfo, int] | None:
+        async def placement(worker_id: str, number: int) -> tuple[SlotInfo, int] | None:
             if self.placing_for:
                 await asyncio.sleep(self.placing_for)
-            return self.placements.get((worker_id, epoch))
+            return self.placements.get((worker_id, number))
 
         server = ControlServer(
             self.listener, TOKEN, "127.0.0.1", port, heartbeat_interval=INTERVAL,
@@ -268,14 +268,14 @@ def test_unreachable_peers_reach_the_listener_and_bad_reports_are_refused(
 def test_events_arrive_in_membership_events(driver: Driver, clients: list[ControlClient]) -> None:
     _, events = start_client(driver, clients, "w1")
     driver.listener.wait_for("stream_opened", "w1")
-    driver.send("w1", HostsUpdated(version=3, next_epoch=4, added=("h2",)))
+    driver.send("w1", HostsUpdated(version=3, next_round=4, added=("h2",)))
     assert wait_until(lambda: events.pending_update(3)) == HostsUpdate(4, True, False)
-    driver.send("w1", EpochBroken(epoch=4, reason="h2 died"))
+    driver.send("w1", RoundBroken(round=4, reason="h2 died"))
     assert wait_until(lambda: events.broken(4)) == "h2 died"
-    driver.send("w1", HostsUpdated(version=4, next_epoch=5, removed=("h2",)))
+    driver.send("w1", HostsUpdated(version=4, next_round=5, removed=("h2",)))
     assert wait_until(lambda: events.pending_update(4)) == HostsUpdate(5, True, True)
     assert not events.leaving
-    driver.send("w1", HostsUpdated(version=5, next_epoch=6, removed=("h1",), leave=True))
+    driver.send("w1", HostsUpdated(version=5, next_round=6, removed=("h1",), leave=True))
     assert wait_until(lambda: events.leaving), "let go: it leaves at its next step boundary"
 
 
@@ -287,13 +287,13 @@ def test_a_break_that_calls_the_worker_back_has_it_join_at_once(
     _, events = start_client(driver, clients, "w1")
     driver.listener.wait_for("stream_opened", "w1")
     assert not events.slot_follows(3), "an unbroken round: nothing follows"
-    driver.send("w1", EpochBroken(epoch=3, reason="h2 died"))
+    driver.send("w1", RoundBroken(round=3, reason="h2 died"))
     assert wait_until(lambda: events.broken(3)) == "h2 died"
     assert events.slot_follows(3)
-    driver.send("w1", EpochBroken(epoch=4, reason="h3 died", rejoin=True))
+    driver.send("w1", RoundBroken(round=4, reason="h3 died", rejoin=True))
     assert wait_until(lambda: events.broken(4)) == "h3 died"
     assert not events.slot_follows(4) and not events.slot_follows(3)
-    driver.send("w1", EpochBroken(epoch=5, reason="h4 died"))
+    driver.send("w1", RoundBroken(round=5, reason="h4 died"))
     assert wait_until(lambda: events.broken(5)) == "h4 died"
     assert events.slot_follows(5), "a call back holds for its round, not for later ones"
 
@@ -307,11 +307,11 @@ def test_a_new_round_brings_the_workers_slot_in_it_when_the_driver_gives_one(
         hostname="h1", rank=2, local_rank=0, cross_rank=2, size=3, local_size=1, cross_size=3
     )
     driver.placements[("w1", 4)] = (slot, 7)
-    driver.send("w1", EpochBroken(epoch=3, reason="h2 died"))
-    driver.send("w1", HostsUpdated(version=3, next_epoch=4, removed=("h2",)))
+    driver.send("w1", RoundBroken(round=3, reason="h2 died"))
+    driver.send("w1", HostsUpdated(version=3, next_round=4, removed=("h2",)))
     assert events.offer_after(3, wait=10.0) == Offer(4, slot, job_commit=7)
     assert events.offer_after(4) is None, "no newer round offered yet"
-    driver.send("w1", HostsUpdated(version=4, next_epoch=5, added=("h3",)))  # no slot given
+    driver.send("w1", HostsUpdated(version=4, next_round=5, added=("h3",)))  # no slot given
     assert wait_until(lambda: events.pending_update(4)) == HostsUpdate(5, True, True)
     assert events.offer_after(4) is None, "without a slot the worker joins over HTTP"
     assert events.offer_after(3) == Offer(4, slot, job_commit=7)
@@ -328,7 +328,7 @@ class NeverDone:
 def test_a_new_round_that_breaks_the_old_one_aborts_a_blocked_collective(
     driver: Driver, clients: list[ControlClient]
 ) -> None:
-    """One `HostsUpdated` carrying the broken round does what `EpochBroken` does (the blocked
+    """One `HostsUpdated` carrying the broken round does what `RoundBroken` does (the blocked
     collective gives up) and brings the slot, so the survivor needs no HTTP join."""
     import torch
 
@@ -356,7 +356,7 @@ def test_a_new_round_that_breaks_the_old_one_aborts_a_blocked_collective(
     context.activate(ctx)
     try:
         update = HostsUpdated(
-            version=3, next_epoch=4, removed=("h0",), broken_epoch=3, broken_reason="h0 died"
+            version=3, next_round=4, removed=("h0",), broken_round=3, broken_reason="h0 died"
         )
         driver.loop.call_soon_threadsafe(
             driver.loop.call_later, 0.2, driver.listener.queues["w1"].put_nowait, update
@@ -389,8 +389,8 @@ def test_a_new_round_that_breaks_the_old_one_is_one_message_on_the_wire(driver: 
     )
     driver.placements[("w1", 4)] = (slot, 7)
     with event_stream(driver, "w1") as (stream, _):
-        driver.send("w1", HostsUpdated(3, 4, broken_epoch=3, broken_reason="h0 died"))
-        driver.send("w1", EpochBroken(4, "h1 died"))  # the next message
+        driver.send("w1", HostsUpdated(3, 4, broken_round=3, broken_reason="h0 died"))
+        driver.send("w1", RoundBroken(4, "h1 died"))  # the next message
         first, second = next(stream), next(stream)
     update = first.hosts_updated
     assert (update.next_epoch, update.broken_epoch, update.broken_reason) == (4, 3, "h0 died")
@@ -407,7 +407,7 @@ def test_a_slow_slot_does_not_hold_up_the_word_that_a_round_is_broken(driver: Dr
     driver.placements[("w1", 4)] = (slot, 7)
     driver.placing_for = 1.0
     with event_stream(driver, "w1") as (stream, _):
-        driver.send("w1", HostsUpdated(3, 4, broken_epoch=3, broken_reason="h0 died"))
+        driver.send("w1", HostsUpdated(3, 4, broken_round=3, broken_reason="h0 died"))
         first, second = next(stream), next(stream)
     assert (first.epoch_broken.epoch, first.epoch_broken.reason) == (3, "h0 died")
     update = second.hosts_updated
@@ -774,7 +774,7 @@ def test_the_client_survives_a_driver_restart(
     driver.start(port)
     driver.listener.wait_for("stream_opened", "w1", count=2)
     driver.listener.wait_for("heartbeat", "w1", count=beats + 2)
-    driver.send("w1", EpochBroken(epoch=1, reason="after restart"))
+    driver.send("w1", RoundBroken(round=1, reason="after restart"))
     assert wait_until(lambda: events.broken(1)) == "after restart"
     # One warning per thread when the outage began, one when it ended: no log line per retry.
     warnings = [r.getMessage() for r in caplog.records]

@@ -16,8 +16,8 @@ import pytest
 
 from elastic.driver.control.events import WorkerListener
 from elastic.driver.discovery.hosts import HostSpec
-from elastic.driver.journal.memory import MemoryKeyValueStore
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.server.app import create_app
 from elastic.driver.server.auth import LOGIN_BODY_BYTES, PAGE_SECRET_NEEDED
 from elastic.driver.server.endpoints import Endpoints
@@ -34,7 +34,7 @@ JOB_ID = "job-7f3a2c"
 HOST = "host-alpha"
 STATUS = JobStatus(
     job_id=JOB_ID,
-    epoch=3,
+    round=3,
     size=1,
     hosts=[HostStatus(hostname=HOST, slots=2)],
     workers=[WorkerStatus(worker_id="w-0", rank=0, hostname=HOST, local_rank=0, state="member")],
@@ -361,11 +361,11 @@ def test_every_open_page_shares_one_status_per_half_second() -> None:
 
     def status() -> JobStatus:
         built.append(clock.now)
-        return STATUS.model_copy(update={"epoch": len(built)})
+        return STATUS.model_copy(update={"round": len(built), "epoch": len(built)})
 
     shared = SharedStatus(max_age=0.5, clock=clock)
     first = shared.json(status)
     clock.now += 0.49
     assert shared.json(status) is first and len(built) == 1  # a second page's poll
     clock.now += 0.01
-    assert JobStatus.model_validate_json(shared.json(status)).epoch == 2
+    assert JobStatus.model_validate_json(shared.json(status)).round == 2

@@ -220,7 +220,7 @@ def test_the_page_shows_a_live_job_and_a_killed_workers_round(
     # fills JobStatus.log_tail; both are empty until it is on main). It moves on with every
     # line, so the page's copy and a second look need not be equal; both are empty or not.
     status = browser.execute_async_script(STATUS)
-    assert status["epoch"] == 2
+    assert status["round"] == 2
     assert bool(browser.find_element("id", "log").text) == bool(status["log_tail"])
 
     screenshot = tmp_path / "dashboard.png"

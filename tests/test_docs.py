@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic.driver.cli.main import build_parser
+from elastic.driver.cli.launcher_flags import build_parser
 from tests.prerequisites import CI_INSTALLS
 
 ROOT = Path(__file__).resolve().parents[1]

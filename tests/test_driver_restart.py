@@ -335,7 +335,7 @@ def test_an_etcd_crash_mid_training_loses_nothing(
     job.wait_for(r"reachable again after \d+ s; job state saved", timeout=30)
     shown = status(etcd, "outage", "--json", "--saved")
     saved = json.loads(shown.stdout)
-    assert saved["state"]["epoch"] == 2, "the change made during the outage was saved"
+    assert saved["state"]["round"] == 2, "the change made during the outage was saved"
     assert "secret" not in saved and "token" not in shown.stdout
     hold.touch()
     assert job.finish(120) == 0, job.transcript()

@@ -52,7 +52,7 @@ def test_exceptions_that_users_catch_as_builtins_keep_those_bases() -> None:
 
 
 def test_one_name_for_a_worker_the_job_excluded() -> None:
-    from elastic.driver.rendezvous import rounds
+    from elastic.driver.rendezvous import membership
 
-    assert issubclass(rounds.NotMemberError, ElasticError)
-    assert not hasattr(rounds, "NotMember")
+    assert issubclass(membership.NotMemberError, ElasticError)
+    assert not hasattr(membership, "NotMember")

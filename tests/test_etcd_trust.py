@@ -26,7 +26,7 @@ import pytest
 
 from elastic.driver.cli.backend_flags import ETCD_PASSWORD_VARIABLE
 from elastic.driver.cli.flag_sources import SECRET_VARIABLES, from_environment
-from elastic.driver.cli.main import build_parser
+from elastic.driver.cli.launcher_flags import build_parser
 from elastic.driver.errors import UsageError
 from elastic.driver.job_file import read_job_files, write_job_file
 from elastic.driver.journal.backend import BackendError

@@ -115,7 +115,7 @@ def test_silent_connections_are_capped_and_a_workers_stream_keeps_working(
         processes.append(silent)
         first_line(silent, "open")
         beats = len(driver.listener.of("heartbeat", "w1"))
-        driver.send("w1", HostsUpdated(version=3, next_epoch=4, added=("h2",)))
+        driver.send("w1", HostsUpdated(version=3, next_round=4, added=("h2",)))
         assert wait_until(lambda: events.pending_update(3)) == HostsUpdate(4, True, False)
         driver.listener.wait_for("heartbeat", "w1", count=beats + 3)
         most = open_files()
@@ -138,7 +138,7 @@ def test_no_limit_cuts_a_workers_event_stream(clients: list[ControlClient]) -> N
         _, events = start_client(driver, clients, "w1")
         driver.listener.wait_for("stream_opened", "w1")
         driver.listener.wait_for("heartbeat", "w1", count=30)  # 3 s, ten idle limits
-        driver.send("w1", HostsUpdated(version=3, next_epoch=4, added=("h2",)))
+        driver.send("w1", HostsUpdated(version=3, next_round=4, added=("h2",)))
         assert wait_until(lambda: events.pending_update(3)) == HostsUpdate(4, True, False)
         assert len(driver.listener.of("stream_opened", "w1")) == 1
         assert driver.listener.of("stream_closed", "w1") == []

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from elastic.driver.journal.memory import MemoryKeyValueStore
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.limits import MAX_BODY_BYTES
 from elastic.driver.server.services import Services
@@ -48,7 +48,7 @@ def b64(raw: bytes) -> str:
 def make_services() -> Services:
     rendezvous = Rendezvous()
     status = JobStatus(
-        job_id="j1", epoch=1, size=1, hosts=[HostStatus(hostname="h", slots=1)], workers=[]
+        job_id="j1", round=1, size=1, hosts=[HostStatus(hostname="h", slots=1)], workers=[]
     )
     return Services(TOKEN, MemoryKeyValueStore(), rendezvous, lambda: status)
 

@@ -19,8 +19,8 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from elastic.driver.journal.memory import MemoryKeyValueStore
-from elastic.driver.rendezvous.rounds import Joined, Rendezvous
+from elastic.driver.rendezvous.membership import Joined, Rendezvous
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.server import metrics
 from elastic.driver.server.app import create_app
 from elastic.driver.server.limits import MAX_BODY_BYTES
@@ -51,16 +51,16 @@ class PromptRendezvous(Rendezvous):
     """The rendezvous, with every join's long-poll cut to `WAIT_CAP`."""
 
     async def join(
-        self, worker_id: str, after_epoch: int, timeout: float, commit: int = 0
+        self, worker_id: str, after: int, timeout: float, commit: int = 0
     ) -> Joined | None:
-        return await super().join(worker_id, after_epoch, min(timeout, WAIT_CAP), commit)
+        return await super().join(worker_id, after, min(timeout, WAIT_CAP), commit)
 
 
 def prompt_services() -> Services:
     rendezvous = PromptRendezvous()
     rendezvous.form([("w1", "h")])
     status = JobStatus(
-        job_id="j1", epoch=1, size=1, hosts=[HostStatus(hostname="h", slots=1)], workers=[]
+        job_id="j1", round=1, size=1, hosts=[HostStatus(hostname="h", slots=1)], workers=[]
     )
 
     def set_drained(hostname: str, drained: bool) -> str:

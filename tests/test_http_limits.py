@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from elastic.driver.journal.memory import MemoryKeyValueStore
-from elastic.driver.rendezvous.kv import INT64_MAX, INT64_MIN
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
+from elastic.driver.rendezvous.store import INT64_MAX, INT64_MIN
 from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.connections import ConnectionLimits
 from tests.test_http_api import AUTH, make_services

@@ -6,8 +6,8 @@ import asyncio
 
 import httpx
 
-from elastic.driver.journal.memory import MemoryKeyValueStore
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.server.app import create_app
 from elastic.driver.server.services import Services
 from elastic.driver.server.status import describe_job
@@ -37,7 +37,7 @@ def job() -> JobStatus:
 
 def test_members_have_their_ranks_and_other_workers_none() -> None:
     status = job()
-    assert (status.job_id, status.epoch, status.size) == ("run-7", 1, 3)
+    assert (status.job_id, status.round, status.size) == ("run-7", 1, 3)
     seen = [(w.worker_id, w.rank, w.local_rank, w.state) for w in status.workers]
     assert seen == [
         ("w#0", None, None, "failed"),

@@ -6,22 +6,22 @@ from __future__ import annotations
 import pytest
 
 from elastic.driver.discovery.hosts import HostSpec
-from elastic.driver.policy.leaving import asked, handovers, leave
-from elastic.driver.policy.rounds import (
+from elastic.driver.policy.actions import (
     NOTHING,
     BeginFinishing,
-    Cause,
     Decision,
     HandOver,
     Launch,
     LetGo,
     Log,
     MarkExiting,
-    Phase,
     Reform,
     SeeHandovers,
     StopWorker,
 )
+from elastic.driver.policy.causes import Cause
+from elastic.driver.policy.leaving import asked, handovers, leave
+from elastic.driver.policy.phase import Phase
 from elastic.protocol.leave import EXITING, FINISHED
 from tests.policy_views import ELASTIC, LV, F, L, M, S, X, kinds, view, worker
 

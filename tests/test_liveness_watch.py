@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from elastic.driver.control.liveness import LivenessWatch
+from elastic.driver.control.liveness_watch import LivenessWatch
 from elastic.driver.policy.liveness import Limits, Verdict
 from elastic.driver.reports import Judged, Report, Tick
 from elastic.driver.workers import Worker

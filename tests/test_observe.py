@@ -8,8 +8,8 @@ import math
 from prometheus_client.parser import text_string_to_metric_families
 
 from elastic.driver.observe.loop_lag import LoopLag
-from elastic.driver.observe.metrics import JobMetrics
 from elastic.driver.observe.progress import RATE_WINDOW, WorkerProgress
+from elastic.driver.observe.prometheus import JobMetrics
 from elastic.driver.observe.stalls import RankActivity, find_stall
 from elastic.driver.observe.timeline import (
     FORMED_TO_FIRST_STEP,
@@ -137,7 +137,7 @@ def test_loop_lag_is_the_worst_of_the_window() -> None:
 def test_the_exposition_parses_and_holds_what_an_operator_reads() -> None:
     status = JobStatus(
         job_id="j1",
-        epoch=3,
+        round=3,
         size=2,
         hosts=[HostStatus(hostname="a", slots=2), HostStatus(hostname="b", slots=2)],
         workers=[

@@ -119,7 +119,7 @@ def test_a_runtime_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
 
 def test_the_status_text_shows_workers_the_stall_and_recoveries() -> None:
     status = JobStatus(
-        job_id="j", epoch=2, size=2,
+        job_id="j", round=2, size=2,
         hosts=[HostStatus(hostname="a", slots=2),
                HostStatus(hostname="b", slots=1, state="cooldown", until=130.0)],
         workers=[

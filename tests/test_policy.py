@@ -7,27 +7,26 @@ from dataclasses import replace
 import pytest
 
 from elastic.driver.discovery.hosts import HostSpec
-from elastic.driver.policy.planning import Start, start_check
-from elastic.driver.policy.rounds import (
-    JOIN_WINDOW,
+from elastic.driver.discovery.tracker import HostChange
+from elastic.driver.policy.actions import (
     AskToLeave,
-    Cause,
     Decision,
+    Drain,
     FillSlots,
     Finish,
-    FleetLoss,
     FormRound,
     Launch,
     Log,
-    Phase,
     RecordFleetLoss,
     SeeHandovers,
     ShowProgress,
     WaitForWorkers,
+)
+from elastic.driver.policy.causes import Cause
+from elastic.driver.policy.fleet_loss import fleet_lost
+from elastic.driver.policy.forming import (
+    JOIN_WINDOW,
     fill_slots,
-    fleet_lost,
-    hosts_removed,
-    hosts_resized,
     job_end,
     joiner_waiting,
     next_round,
@@ -35,6 +34,15 @@ from elastic.driver.policy.rounds import (
     survivors_not_waiting,
     tick,
 )
+from elastic.driver.policy.host_changes import (
+    drain_asked,
+    hosts_changed,
+    hosts_removed,
+    hosts_resized,
+)
+from elastic.driver.policy.phase import Phase
+from elastic.driver.policy.planning import Start, start_check
+from elastic.driver.policy.view import FleetLoss
 from tests.policy_views import ELASTIC, LV, NOW, F, L, M, S, X, kinds, view, worker
 
 
@@ -373,6 +381,71 @@ def test_workers_beyond_a_shrunk_hosts_slots_leave_and_the_others_stay() -> None
     )
     assert decision.reason == "host(s) offer fewer slots: a:1"
     assert hosts_resized(view(*workers), {"b": 4}).actions == ()
+
+
+def change(hosts: dict[str, int], added=(), removed=(), resized=()) -> HostChange:
+    specs = tuple(HostSpec(name, slots) for name, slots in hosts.items())
+    return HostChange(1, specs, tuple(added), tuple(removed), tuple(resized))
+
+
+def test_a_host_change_asks_the_removed_and_shrunk_hosts_workers_to_leave_then_fills() -> None:
+    """One decision for one change: host b is gone, host a shrank to 1 slot, host d came."""
+    workers = (worker("a0", M, host="a"), worker("a1", M, host="a", slot=1),
+               worker("b0", M, host="b"))  # fmt: skip
+    now = change({"a": 1, "d": 2}, added=["d"], removed=["b"], resized=["a"])
+    decision = hosts_changed(view(*workers), now, offered={"a", "d"}, noticed={}, drained=set())
+    assert decision.actions == (
+        AskToLeave("b0", "host b was removed by discovery", Cause.DISCOVERY),
+        AskToLeave("a1", "host a now offers 1 slot(s)"),
+        Log("info", "hosts available: d", "join"),
+        FillSlots(),
+    )
+    assert decision.reason == "host(s) b removed by discovery; host(s) offer fewer slots: a:1"
+
+
+@pytest.mark.parametrize(
+    ("noticed", "drained", "why", "cause"),
+    [
+        ({}, set(), None, None),
+        ({"b": 9.0}, set(), "host b is about to be preempted (notice)", Cause.PREEMPTION),
+        ({}, {"b"}, "host b is drained (elasticrun drain)", Cause.DRAIN),
+    ],
+)
+def test_a_host_still_offered_keeps_its_workers_unless_noticed_or_drained(
+    noticed, drained, why, cause
+) -> None:
+    """Discovery still offers b (it left the usable hosts for its cooldown, a notice or a
+    drain): only a notice or a drain sends its workers away."""
+    job = view(worker("a0", M, host="a"), worker("b0", M, host="b"))
+    now = change({"a": 1}, removed=["b"])
+    decision = hosts_changed(job, now, {"a", "b"}, noticed, drained)
+    leaves = [a for a in decision.actions if isinstance(a, AskToLeave)]
+    assert leaves == ([AskToLeave("b0", why, cause)] if why else [])
+    assert decision.actions[-1] == FillSlots() and (decision.reason != "") == bool(why)
+
+
+def test_draining_says_so_marks_the_host_and_only_a_host_in_cooldown_sends_workers_away() -> None:
+    """A usable host's workers leave through the host change its drain brings about; a host
+    in cooldown is not usable, so no change comes and the drain sends them away itself."""
+    job = view(worker("a0", M, host="a"), worker("a1", M, host="a", slot=1))
+    usable = drain_asked(job, "a", drained=True, was_drained=False, cooling=False)
+    assert kinds(usable) == [Log, Drain] and usable.actions[1] == Drain("a", True)
+    assert usable.actions[0].level == "warning" and usable.reason == ""
+    cooling = drain_asked(job, "a", drained=True, was_drained=False, cooling=True)
+    assert kinds(cooling) == [Log, Drain, AskToLeave, AskToLeave, SeeHandovers]
+    assert cooling.actions[2].cause is Cause.DRAIN
+    assert cooling.reason == "host(s) a drained"
+
+
+def test_undraining_marks_the_host_and_asking_twice_changes_nothing() -> None:
+    job = view(worker("a0", M, host="a"))
+    undrained = drain_asked(job, "a", drained=False, was_drained=True, cooling=True)
+    assert undrained.actions == (
+        Log("info", "host a is undrained: its free slots are filled again"),
+        Drain("a", False),
+    )
+    assert drain_asked(job, "a", drained=True, was_drained=True, cooling=True).actions == ()
+    assert drain_asked(job, "a", drained=False, was_drained=False, cooling=False).actions == ()
 
 
 def test_reasons_for_one_round_are_said_once_each_and_counted_past_three() -> None:

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
+from elastic.driver.policy.actions import BreakRound, CoolDown, Reform, Signal
+from elastic.driver.policy.phase import Phase
 from elastic.driver.policy.reachability import cut_off
-from elastic.driver.policy.rounds import BreakRound, CoolDown, Phase, Reform, Signal
 from elastic.worker.group.reachability import (
     TRIES,
     TRY_EVERY,

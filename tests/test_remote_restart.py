@@ -24,7 +24,7 @@ from typing import IO, TYPE_CHECKING
 
 import pytest
 
-from elastic.driver.launch.base import Adoption, HostFolder, WorkerSpec
+from elastic.driver.launch.launcher import Adoption, HostFolder, WorkerSpec
 from elastic.driver.launch.relay_frames import frame_line
 from elastic.driver.launch.ssh import SshLauncher, SshOptions
 from elastic.driver.launch.ssh_detached import HEADER_GRACE

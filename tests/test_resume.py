@@ -22,7 +22,7 @@ from elastic.driver.journal.resume import (
     snapshot,
     worker_record,
 )
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.settings import BackendSettings, ElasticSettings, Settings
 from elastic.driver.workers import Worker
 from elastic.protocol.etcd_trust import token_check
@@ -80,7 +80,7 @@ def test_a_saved_job_reads_back_with_its_round_workers_and_counters() -> None:
     workers = fleet()
     back = saved_and_read(workers, tracker())
     state = back.state
-    assert (state.epoch, state.members) == (7, ["d#2", "d#3"])
+    assert (state.round, state.members) == (7, ["d#2", "d#3"])
     records = {w.worker_id: worker_record(w) for w in back.workers}
     assert records == {w.worker_id: worker_record(w) for w in workers}
     assert all(w.process is None for w in back.workers)  # to be adopted

@@ -8,20 +8,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from elastic.driver.policy.liveness import Verdict
-from elastic.driver.policy.rounds import (
+from elastic.driver.policy.actions import (
     NOTHING,
     AdvanceTo,
     Arrived,
     BeginFinishing,
     BreakRound,
-    Cause,
     CoolDown,
     FillSlots,
     Finish,
     Log,
     MarkEnded,
-    Phase,
     RecordFleetLoss,
     Reform,
     ReformIfStillWaiting,
@@ -31,16 +28,22 @@ from elastic.driver.policy.rounds import (
     TakeOut,
     WaitForWorkers,
 )
-from elastic.driver.policy.workers import (
+from elastic.driver.policy.causes import Cause
+from elastic.driver.policy.liveness import Verdict
+from elastic.driver.policy.phase import Phase
+from elastic.driver.policy.worker_events import (
     caught_up,
+    durable_stale,
     exited,
     failed,
     judged,
     keys_lost,
+    stall_seen,
     stalled,
     waiting,
 )
 from elastic.driver.settings import FailureScope
+from elastic.protocol.http import CollectiveStatus, StalledRank, StallReport
 from tests.policy_views import ELASTIC, LV, NOW, L, M, S, kinds, view, worker
 
 
@@ -140,6 +143,38 @@ def test_ranks_behind_a_stall_on_one_host_fail_once_with_it() -> None:
     assert [a.worker_id for a in decision.actions if isinstance(a, Signal)] == ["r1"]
     assert [a.worker_id for a in decision.actions if isinstance(a, TakeOut)] == ["r2"]
     assert [a.worker_id for a in decision.actions if isinstance(a, MarkEnded)] == ["r1"]
+
+
+def stall(seconds: float, *behind: int) -> StallReport:
+    return StallReport(
+        round=1, collective=CollectiveStatus(seq=12, kind="allreduce", blocked_for=seconds),
+        waiting=[0], seconds=seconds, line="stall in round 1",
+        missing=[StalledRank(rank=r, hostname="a", doing="not in a collective") for r in behind],
+    )  # fmt: skip
+
+
+def test_a_stall_past_stall_timeout_fails_the_ranks_behind_and_none_before() -> None:
+    """The ranks behind are found by rank in the round's slots; before --stall-timeout, or
+    with none set, a stall is only said (the conductor logs it)."""
+    workers = (worker("r0", M, "b"), worker("r1", M), worker("r2", M, "c"))
+    job = view(*workers, members=("r0", "r1", "r2"))  # one host each: none taken out
+    past = stall_seen(job, stall(30.0, 1, 2), 30.0, NOW)
+    assert [a.worker_id for a in past.actions if isinstance(a, Signal)] == ["r1", "r2"]
+    assert past.reason == "stall in round 1"
+    assert stall_seen(job, stall(29.9, 1), 30.0, NOW) is NOTHING
+    assert stall_seen(job, stall(1e6, 1), None, NOW) is NOTHING
+
+
+def test_the_durable_copy_going_stale_is_a_warning_and_its_recovery_a_line() -> None:
+    writer = worker("r0", M, "b")
+    stale = durable_stale(writer, stale=True, written=0)
+    assert [a.level for a in stale.actions if isinstance(a, Log)] == ["warning"]
+    assert "worker r0 on b failed to write a durable commit (newest written: none" in (
+        stale.actions[0].line
+    )
+    again = durable_stale(writer, stale=False, written=8)
+    assert again.actions == (Log("info", "durable commits are written again (newest: 8)"),)
+    assert stale.reason == again.reason == ""
 
 
 def test_a_hung_leaver_breaks_the_round_it_left_and_none_is_wanted() -> None:

@@ -63,7 +63,7 @@ def test_register_and_heartbeat_record_liveness_on_the_worker(state) -> None:
 
 
 @pytest.mark.parametrize(
-    ("epoch", "commit", "heard"),
+    ("number", "commit", "heard"),
     [
         (ROUND, 5, False),  # nothing new
         (ROUND - 1, 5, False),  # an older round: the worker has not joined the newest yet
@@ -72,10 +72,10 @@ def test_register_and_heartbeat_record_liveness_on_the_worker(state) -> None:
         (ROUND + 1, 5, True),  # a round this driver did not form (an earlier one, unsaved)
     ],
 )
-def test_a_heartbeat_is_reported_only_when_it_says_something_new(epoch, commit, heard) -> None:
+def test_a_heartbeat_is_reported_only_when_it_says_something_new(number, commit, heard) -> None:
     job, reports, _ = inputs(worker("w", M, commit=5))
-    assert job.heartbeat("w", epoch, commit) is True
-    assert drained(reports) == ([Heard("w", epoch, commit)] if heard else [])
+    assert job.heartbeat("w", number, commit) is True
+    assert drained(reports) == ([Heard("w", number, commit)] if heard else [])
 
 
 def test_leave_is_reported_with_its_reason_and_commit() -> None:

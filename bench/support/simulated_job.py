@@ -117,7 +117,7 @@ class Changes:
 
 
 def fake_process_class() -> type:
-    from elastic.driver.launch.base import WorkerProcess
+    from elastic.driver.launch.launcher import WorkerProcess
 
     class FakeProcess(WorkerProcess):
         """A worker that is a simulated client: `wait()` returns when `end()` is called (a

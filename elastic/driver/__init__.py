@@ -1,8 +1,10 @@
-"""The launcher process (`elasticrun`).
+"""The launcher process (`elasticrun`): one asyncio event loop that runs a job.
 
-`job.py` owns one job's lifecycle; around it, by purpose: `cli/` (flags, settings, the
-`status` subcommand), `policy/` (pure decisions), `discovery/` (hosts, cooldown), `launch/`
-(processes, host access, output), `rendezvous/` (rounds and their key-value store),
-`server/` (HTTP API), `control/` (gRPC control stream) and `journal/` (what outlives the
-driver).
+`job.py` builds a job's parts and owns its lifecycle; `conductor.py` hears what the parts
+report (one queue, `reports.py`), asks the pure policy (`policy/`) and carries its decisions
+out. Around them, by purpose: `cli/` (flags, settings, the operator's commands), `discovery/`
+(which hosts, cooldown), `launch/` (worker processes and reaching hosts), `rendezvous/`
+(rounds, slots and the workers' key-value store), `control/` (the gRPC control stream,
+heartbeats, liveness), `server/` (the HTTP API and the page), `observe/` (progress, stalls,
+metrics) and `journal/` (what outlives the driver).
 """

@@ -3,6 +3,10 @@
 The conductor owns the job's phase and counters and is the only code that carries out the
 policy's decisions (`policy/`): it builds the read-only view a policy function decides from,
 asks the function each report calls for, and applies the decision's actions in order.
+
+Both directions go through a table by type: `_hearers` (a report's type -> the method that
+hears it) and `_doers` (an action's type -> the method that carries it out), so a new report
+or action is one entry and one small method.
 """
 
 from __future__ import annotations
@@ -12,24 +16,32 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, get_args
 
 from elastic.driver.control.channels import ControlChannels
-from elastic.driver.control.events import EpochBroken
+from elastic.driver.control.events import RoundBroken
 from elastic.driver.discovery.watcher import HostWatcher
-from elastic.driver.journal.memory import MemoryKeyValueStore
 from elastic.driver.journal.resume import Tally
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.staffing import Staffing
 from elastic.driver.logs import tags
-from elastic.driver.observe.stalls import RankActivity, find_stall
+from elastic.driver.observe.stalls import find_stall, rank_activities, same_stall
 from elastic.driver.observe.timeline import RoundTimeline
-from elastic.driver.policy import leaving, reachability
-from elastic.driver.policy import rounds as policy
-from elastic.driver.policy import workers as on_workers
-from elastic.driver.policy.rounds import Cause, Decision, FleetLoss, JobView, Phase
-from elastic.driver.rendezvous.keeper import RoundKeeper
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.policy import (
+    actions,
+    forming,
+    host_changes,
+    leaving,
+    reachability,
+    worker_events,
+)
+from elastic.driver.policy.actions import Decision
+from elastic.driver.policy.causes import Cause
+from elastic.driver.policy.phase import Phase
+from elastic.driver.policy.view import FleetLoss, JobView
+from elastic.driver.rendezvous.membership import Rendezvous
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
+from elastic.driver.rendezvous.round_keeper import RoundKeeper
 from elastic.driver.reports import (
     DrainAsked,
     DurableStale,
@@ -64,6 +76,7 @@ UNREACHABLE_SETTLE = 2
 UNREACHABLE_SETTLE_FLOOR = 1.5
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], None]
+Handler = Callable[[Any], None]  # one report's or one action's, by its type
 
 
 class Conductor:
@@ -117,6 +130,52 @@ class Conductor:
         # The current round's unreachability reports, by reporter (see `_on_unreachable`).
         self._unreachable: tuple[int, dict[str, set[int]]] = (0, {})
         self._keys_lost: set[int] = set()  # rounds re-formed for keys an earlier driver held
+        self._hearers: dict[type[Any], Handler] = {
+            WorkerExited: self._on_exited,
+            Judged: self._on_judged,
+            Tick: self._on_tick,
+            Waiting: self._on_wait,
+            Joined: self._on_joined,
+            Heard: self._on_heard,
+            LeaveAsked: self._on_leave_asked,
+            PeersUnreachable: self._on_unreachable,
+            KeysLost: self._on_keys_lost,
+            DurableStale: self._on_durable,
+            DrainAsked: self._on_drain,
+            StopAsked: self._on_stop,
+            HostNoticed: self._on_noticed,
+            HostsChanged: self._on_hosts_changed,
+        }
+        self._doers: dict[type[Any], Handler] = {
+            actions.FormRound: self._form_round,
+            actions.WaitForWorkers: self._wait_for_workers,
+            actions.FillSlots: lambda _: self._scale(),
+            actions.Launch: self._launch,
+            actions.AskToLeave: self._ask_to_leave,
+            actions.StopWorker: self._stop_worker,
+            actions.HandOver: self._hand_over,
+            actions.LetGo: self._let_go,
+            actions.Finish: lambda action: self._finish(action.code, action.message or None),
+            actions.Log: self._log,
+            actions.ShowProgress: self._show_progress,
+            actions.RecordFleetLoss: self._record_fleet_loss,
+            actions.MarkEnded: self._mark_ended,
+            actions.MarkExiting: self._mark_exiting,
+            actions.TakeOut: self._take_out,
+            actions.Signal: self._signal,
+            actions.CoolDown: lambda action: self._watcher.host_failed(action.hostname, action.why),
+            actions.BreakRound: lambda action: self.rounds.break_round(action.number, action.why),
+            actions.Reform: self._reform_for,
+            actions.Arrived: lambda action: self.rounds.arrived(action.worker_id),
+            actions.ReformIfStillWaiting: self._reform_later,
+            actions.AdvanceTo: lambda action: self._rendezvous.advance_to(action.number),
+            actions.BeginFinishing: lambda _: self.begin_finishing(),
+            actions.SeeIfEnded: lambda _: self.apply(forming.job_end(self.view())),
+            actions.SeeHandovers: lambda _: self._see_handovers(),
+            actions.Drain: self._drain,
+        }
+        assert set(self._hearers) == set(get_args(Report)), "a report without a hearer"
+        assert set(self._doers) == set(get_args(actions.Action)), "an action without a doer"
 
     def resume(self, tally: Tally, finishing: bool) -> None:
         """Take up the counters and phase an earlier driver saved, its workers restored."""
@@ -126,114 +185,8 @@ class Conductor:
             self.begin_finishing()
 
     def hear(self, report: Report) -> None:
-        """Act on one report of the job's parts."""
-        now = self._clock()
-        if isinstance(report, WorkerExited):
-            self._channels.forget(report.worker.worker_id)
-            ended_unwatched = _ended_unwatched(report.worker)
-            self.apply(on_workers.exited(self.view(), report.worker, ended_unwatched, now))
-        elif isinstance(report, Judged):
-            timeout = self._settings.start_timeout
-            verdict = report.verdict
-            self.apply(on_workers.judged(self.view(), report.worker, verdict, timeout, now))
-        elif isinstance(report, Tick):
-            self.apply(policy.tick(self.view(), report.now))
-            self._look_for_stall(report.now)
-        elif isinstance(report, Waiting):
-            self._on_wait(report.worker_id, report.after, report.commit)
-        elif isinstance(report, Joined):
-            if (worker := self._workers.get(report.worker_id)) is not None:
-                worker.joined = True
-        elif isinstance(report, Heard):
-            if self._workers[report.worker_id].state.alive:
-                self._note_commit(self._workers[report.worker_id], report.commit)
-                self.apply(on_workers.caught_up(self.view(), report.round))
-        elif isinstance(report, LeaveAsked):
-            worker = self._workers[report.worker_id]
-            if worker.state.alive:  # its commit first: a restarted driver may not know it yet
-                self._note_commit(worker, report.commit)
-                self.apply(leaving.asked(self.view(), worker, report.reason))
-        elif isinstance(report, PeersUnreachable):
-            self._on_unreachable(report)
-        elif isinstance(report, KeysLost):
-            if report.round not in self._keys_lost:
-                self._keys_lost.add(report.round)
-                self.apply(on_workers.keys_lost(self.view(), report.round))
-        elif isinstance(report, DurableStale):
-            self._on_durable(report)
-        elif isinstance(report, DrainAsked):
-            self._on_drain(report.hostname, report.drained)
-        elif isinstance(report, StopAsked):
-            self._finish(0, "stopped by `elasticrun stop`: stopping every worker")
-        elif isinstance(report, HostNoticed):
-            self._watcher.host_noticed(report.hostname, report.leaving_at)
-        elif isinstance(report, HostsChanged):
-            tracker = self._watcher.tracker
-            noticed = tracker.leaving(self._clock())  # offered, but about to be taken away
-            gone = noticed.keys() | tracker.drained
-            discovered = {h.hostname for h in tracker.discovered_hosts} - gone
-            removed = report.change.removed
-            decision = policy.hosts_removed(
-                self.view(), removed, discovered, noticed, tracker.drained
-            )
-            self.apply(decision)
-            resized = {h.hostname: h.slots for h in report.change.hosts}
-            slots = {name: resized[name] for name in report.change.resized}
-            self.apply(policy.hosts_resized(self.view(), slots))
-            if report.change.added:
-                log.info("hosts available: %s", ", ".join(report.change.added),
-                         extra={"event": "join"})  # fmt: skip
-            self._scale()
-
-    def _on_drain(self, hostname: str, drained: bool) -> None:
-        if drained == (hostname in self._watcher.tracker.drained):
-            return
-        if drained:
-            log.warning(
-                "host %s is drained (elasticrun drain): its workers leave at their next step, "
-                "and it gets no new ones until `elasticrun undrain %s`",
-                hostname,
-                hostname,
-                extra={"event": "leave"},
-            )
-        else:
-            log.info("host %s is undrained: its free slots are filled again", hostname)
-        cooling = self._watcher.tracker.cooldown.in_cooldown(hostname, self._clock())
-        self._watcher.drain(hostname, drained)
-        self._save_soon()  # a restarted driver keeps the host drained
-        if drained and cooling:
-            # No usable host changes (it was not usable), so no `HostsChanged` comes; but a
-            # host in cooldown keeps its surviving workers, which must leave now.
-            only = frozenset({hostname})
-            self.apply(policy.hosts_removed(self.view(), [hostname], set(), {}, only))
-
-    def _on_durable(self, report: DurableStale) -> None:
-        """Say, once per change, that the durable copy lags or is written again."""
-        worker = self._workers[report.worker_id]
-        newest = report.written or "none"
-        if report.stale:
-            log.warning(
-                "the durable copy is stale: worker %s on %s failed to write a durable commit "
-                "(newest written: %s; its log says why); training goes on",
-                worker.worker_id,
-                worker.hostname,
-                newest,
-            )
-        else:
-            log.info("durable commits are written again (newest: %s)", newest)
-
-    def _scale(self) -> int:
-        """Launch workers on free slots of usable hosts (`fill_slots`); return how many."""
-        decision = policy.fill_slots(self.view(), self._watcher.usable())
-        self.apply(decision)
-        return sum(len(a.places) for a in decision.actions if isinstance(a, policy.Launch))
-
-    def stop(self, worker: Worker) -> None:
-        """Stop `worker` for good: exclude it, SIGTERM it, SIGKILL it after --stop-grace."""
-        worker.state = WorkerState.STOPPED
-        self._rendezvous.exclude(worker.worker_id)
-        self._save_soon()
-        self._fleet.stop(worker)
+        """Act on one report of the job's parts (its hearer in `_hearers`)."""
+        self._hearers[type(report)](report)
 
     def view(self) -> JobView:
         return JobView(
@@ -246,7 +199,7 @@ class Conductor:
             short_since=self._short_since if self.phase is Phase.SHORT else None,
             newest_commit=self.tally.newest_commit,
             fleet_loss=self._fleet_loss,
-            round=self._rendezvous.epoch,
+            round=self._rendezvous.round,
             slots=self._rendezvous.slots,
             command=self._settings.command,
             round_wanted=self.rounds.batcher.pending,
@@ -255,118 +208,23 @@ class Conductor:
         )
 
     def apply(self, decision: Decision) -> None:
-        """Carry out `decision`'s actions in order; keep and (--verbose) log its reason."""
+        """Carry out `decision`'s actions in order (each by its doer in `_doers`); keep and
+        (--verbose) log its reason."""
         if decision.reason:
             record = DecisionRecord(
-                time=time.time(), round=self._rendezvous.epoch, reason=decision.reason
+                time=time.time(), round=self._rendezvous.round, reason=decision.reason
             )
             self.decisions.append(record)
             log.debug("decision: %s", decision.reason)
         for action in decision.actions:
-            self._act(action, decision.reason)
+            self._doers[type(action)](action)
 
-    def _act(self, action: policy.Action, reason: str) -> None:
-        if isinstance(action, policy.FormRound):
-            self._form_round(list(action.members), reason, action.cause)
-        elif isinstance(action, policy.WaitForWorkers):
-            self.phase, self._short_since = Phase.SHORT, action.since
-        elif isinstance(action, policy.FillSlots):
-            self._scale()
-        elif isinstance(action, policy.Launch):
-            self._spawn(self._staffing.grow(action.places, lambda: self.phase.forms_rounds))
-        elif isinstance(action, policy.AskToLeave):
-            ask = action
-            self.apply(leaving.leave(self.view(), ask.worker_id, ask.why, ask.cause, ask.along))
-        elif isinstance(action, policy.StopWorker):
-            log.info("%s is stopped: %s", self._where(action.worker_id), action.why)
-            self.stop(self._workers[action.worker_id])
-        elif isinstance(action, policy.HandOver):
-            worker = self._workers[action.worker_id]
-            worker.state, worker.handing_over = WorkerState.LEAVING, True
-            worker.leave_reason, worker.leave_cause = action.why, action.cause
-            self._leavers.add(worker.worker_id)
-            self._save_soon()
-        elif isinstance(action, policy.LetGo):
-            worker = self._workers[action.worker_id]
-            worker.state, worker.handing_over = WorkerState.LEAVING, False
-            self._rendezvous.exclude(worker.worker_id)
-            self._save_soon()
-        elif isinstance(action, policy.Finish):
-            self._finish(action.code, action.message or None)
-        elif isinstance(action, policy.Log):
-            getattr(log, action.level)("%s", action.line, extra=self._tags(action))
-        elif isinstance(action, policy.ShowProgress):
-            if self._clock() - self._last_progress >= PROGRESS_EVERY:
-                self._last_progress = self._clock()
-                log.warning("%s", action.line)
-        elif isinstance(action, policy.RecordFleetLoss):
-            self._fleet_loss = action.loss
-        elif isinstance(action, policy.MarkEnded):
-            worker = self._workers[action.worker_id]
-            worker.state = WorkerState.FAILED if action.failed else WorkerState.EXITED
-            worker.handing_over = False  # ended: its state goes with it
-        elif isinstance(action, policy.MarkExiting):
-            self._workers[action.worker_id].exiting = True
-            self._save_soon()  # a restarted driver must know it said so
-        elif isinstance(action, policy.TakeOut):
-            worker = self._workers[action.worker_id]
-            if worker.state.alive:  # told first: a collective it is blocked in fails now
-                word = EpochBroken(action.number, action.why, rejoin=True)
-                self._channels.send(word, [worker.worker_id])
-                self.stop(worker)
-        elif isinstance(action, policy.Signal):
-            process = self._workers[action.worker_id].process
-            if action.kill:
-                process.kill()
-            else:
-                process.terminate()
-        elif isinstance(action, policy.CoolDown):
-            self._watcher.host_failed(action.hostname, action.why)
-        elif isinstance(action, policy.BreakRound):
-            self.rounds.break_round(action.number, action.why)
-        elif isinstance(action, policy.Reform):
-            if action.cause is Cause.FAILURE:
-                self.timeline.noticed()
-            self._wanted_causes.append(action.cause)
-            self._reform(action.why, action.broken)
-        elif isinstance(action, policy.Arrived):
-            self.rounds.arrived(action.worker_id)
-        elif isinstance(action, policy.ReformIfStillWaiting):
-            self._failure_reported.add(action.number)
-            self._spawn(self._reform_if_still_waiting(action.number))
-        elif isinstance(action, policy.AdvanceTo):
-            self._rendezvous.advance_to(action.number)
-        elif isinstance(action, policy.BeginFinishing):
-            self.begin_finishing()
-        elif isinstance(action, policy.SeeIfEnded):
-            self.apply(policy.job_end(self.view()))
-        elif isinstance(action, policy.SeeHandovers):
-            self._see_handovers()
-
-    def _form_wanted_round(self, reasons: list[str]) -> None:
-        cause = self._wanted_causes[0] if self._wanted_causes else Cause.JOIN
-        why = policy.summarize(reasons)
-        self.apply(policy.next_round(self.view(), why, self._clock(), cause))
-
-    def _form_round(self, members: list[str], why: str, cause: Cause) -> None:
-        """Form the next round with `members`, for `cause` unless a round was wanted for
-        another first: joiners among them become members."""
-        self.phase, self._short_since = Phase.RUNNING, None
-        self.tally.resets += 1
-        self.tally.update_version += 1
-        number = self.rounds.form(members, self.tally.update_version, why)
-        cause = self._wanted_causes[0] if self._wanted_causes else cause
-        self._wanted_causes.clear()
-        self.timeline.formed(number, len(members), cause, why)
-        for worker_id in members:
-            if self._workers[worker_id].state is WorkerState.LAUNCHING:
-                self._workers[worker_id].state = WorkerState.MEMBER  # a leaving one stays so
+    def stop(self, worker: Worker) -> None:
+        """Stop `worker` for good: exclude it, SIGTERM it, SIGKILL it after --stop-grace."""
+        worker.state = WorkerState.STOPPED
+        self._rendezvous.exclude(worker.worker_id)
         self._save_soon()
-
-    def _reform(self, why: str, broken: bool = False) -> None:
-        """Ask for the next round; `broken`: a member died (see `RoundKeeper.want`)."""
-        awaited = (lambda: policy.survivors_not_waiting(self.view())) if broken else None
-        self.rounds.want(why, awaited)
+        self._fleet.stop(worker)
 
     def begin_finishing(self) -> None:
         """Training is over (a member finished): no new round, no new worker; joiners are
@@ -380,32 +238,204 @@ class Conductor:
             if other.state is WorkerState.LAUNCHING:
                 self.stop(other)
 
-    # --- what workers do -------------------------------------------------------------------
+    # --- hearing reports -------------------------------------------------------------------
 
-    def _on_wait(self, worker_id: str, after: int, commit: int) -> None:
+    def _on_exited(self, report: WorkerExited) -> None:
+        self._channels.forget(report.worker.worker_id)
+        process = report.worker.process
+        unwatched = process is not None and process.ended_unwatched
+        self.apply(worker_events.exited(self.view(), report.worker, unwatched, self._clock()))
+
+    def _on_judged(self, report: Judged) -> None:
+        timeout, now = self._settings.start_timeout, self._clock()
+        self.apply(worker_events.judged(self.view(), report.worker, report.verdict, timeout, now))
+
+    def _on_tick(self, report: Tick) -> None:
+        self.apply(forming.tick(self.view(), report.now))
+        self._look_for_stall(report.now)
+
+    def _on_wait(self, report: Waiting) -> None:
         """A worker whose state holds `commit` commits waits for a round after `after`."""
-        worker = self._workers.get(worker_id)
+        worker = self._workers.get(report.worker_id)
         if worker is None or not worker.state.alive:
             return
         if self._elastic is None or not self.phase.forms_rounds:
             return
-        self._note_commit(worker, commit)
-        self.apply(on_workers.caught_up(self.view(), after))
+        self._note_commit(worker, report.commit)
+        self.apply(worker_events.caught_up(self.view(), report.after))
         if worker.state is WorkerState.LAUNCHING and worker.waiting_since is None:
             worker.waiting_since = self._clock()
-        self.apply(on_workers.waiting(self.view(), worker, after, self._clock()))
+        self.apply(worker_events.waiting(self.view(), worker, report.after, self._clock()))
+
+    def _on_joined(self, report: Joined) -> None:
+        if (worker := self._workers.get(report.worker_id)) is not None:
+            worker.joined = True
+
+    def _on_heard(self, report: Heard) -> None:
+        if self._workers[report.worker_id].state.alive:
+            self._note_commit(self._workers[report.worker_id], report.commit)
+            self.apply(worker_events.caught_up(self.view(), report.round))
+
+    def _on_leave_asked(self, report: LeaveAsked) -> None:
+        worker = self._workers[report.worker_id]
+        if worker.state.alive:  # its commit first: a restarted driver may not know it yet
+            self._note_commit(worker, report.commit)
+            self.apply(leaving.asked(self.view(), worker, report.reason))
 
     def _on_unreachable(self, report: PeersUnreachable) -> None:
         """Gather round `report.round`'s reports; the first one starts the wait for the others
         (`UNREACHABLE_SETTLE` heartbeat intervals, `UNREACHABLE_SETTLE_FLOOR` s at least),
         after which `reachability.cut_off` decides from all of them."""
         number, reports = self._unreachable
-        if report.round != self._rendezvous.epoch or not self.phase.forms_rounds:
+        if report.round != self._rendezvous.round or not self.phase.forms_rounds:
             return
         if number != report.round:
             number, reports = self._unreachable = (report.round, {})
             self._spawn(self._cut_off_after_settling(number))
         reports.setdefault(report.worker_id, set()).update(report.ranks)
+
+    def _on_keys_lost(self, report: KeysLost) -> None:
+        if report.round not in self._keys_lost:
+            self._keys_lost.add(report.round)
+            self.apply(worker_events.keys_lost(self.view(), report.round))
+
+    def _on_durable(self, report: DurableStale) -> None:
+        worker = self._workers[report.worker_id]
+        self.apply(worker_events.durable_stale(worker, report.stale, report.written))
+
+    def _on_drain(self, report: DrainAsked) -> None:
+        tracker, hostname = self._watcher.tracker, report.hostname
+        was_drained = hostname in tracker.drained
+        cooling = tracker.cooldown.in_cooldown(hostname, self._clock())
+        decision = host_changes.drain_asked(
+            self.view(), hostname, report.drained, was_drained, cooling
+        )
+        self.apply(decision)
+
+    def _on_stop(self, report: StopAsked) -> None:
+        self._finish(0, "stopped by `elasticrun stop`: stopping every worker")
+
+    def _on_noticed(self, report: HostNoticed) -> None:
+        self._watcher.host_noticed(report.hostname, report.leaving_at)
+
+    def _on_hosts_changed(self, report: HostsChanged) -> None:
+        tracker = self._watcher.tracker
+        offered = {h.hostname for h in tracker.discovered_hosts}
+        noticed = tracker.leaving(self._clock())  # offered, but about to be taken away
+        drained = tracker.drained
+        self.apply(
+            host_changes.hosts_changed(self.view(), report.change, offered, noticed, drained)
+        )
+
+    # --- carrying out actions --------------------------------------------------------------
+
+    def _form_round(self, action: actions.FormRound) -> None:
+        """Form the next round with the action's members, for its cause unless a round was
+        wanted for another first: joiners among them become members."""
+        members = list(action.members)
+        self.phase, self._short_since = Phase.RUNNING, None
+        self.tally.resets += 1
+        self.tally.update_version += 1
+        number = self.rounds.form(members, self.tally.update_version, action.why)
+        cause = self._wanted_causes[0] if self._wanted_causes else action.cause
+        self._wanted_causes.clear()
+        self.timeline.formed(number, len(members), cause, action.why)
+        for worker_id in members:
+            if self._workers[worker_id].state is WorkerState.LAUNCHING:
+                self._workers[worker_id].state = WorkerState.MEMBER  # a leaving one stays so
+        self._save_soon()
+
+    def _wait_for_workers(self, action: actions.WaitForWorkers) -> None:
+        self.phase, self._short_since = Phase.SHORT, action.since
+
+    def _launch(self, action: actions.Launch) -> None:
+        self._spawn(self._staffing.grow(action.places, lambda: self.phase.forms_rounds))
+
+    def _ask_to_leave(self, ask: actions.AskToLeave) -> None:
+        self.apply(leaving.leave(self.view(), ask.worker_id, ask.why, ask.cause, ask.along))
+
+    def _stop_worker(self, action: actions.StopWorker) -> None:
+        log.info("%s is stopped: %s", self._where(action.worker_id), action.why)
+        self.stop(self._workers[action.worker_id])
+
+    def _hand_over(self, action: actions.HandOver) -> None:
+        worker = self._workers[action.worker_id]
+        worker.state, worker.handing_over = WorkerState.LEAVING, True
+        worker.leave_reason, worker.leave_cause = action.why, action.cause
+        self._leavers.add(worker.worker_id)
+        self._save_soon()
+
+    def _let_go(self, action: actions.LetGo) -> None:
+        worker = self._workers[action.worker_id]
+        worker.state, worker.handing_over = WorkerState.LEAVING, False
+        self._rendezvous.exclude(worker.worker_id)
+        self._save_soon()
+
+    def _log(self, line: actions.Log) -> None:
+        getattr(log, line.level)("%s", line.line, extra=self._tags(line))
+
+    def _show_progress(self, action: actions.ShowProgress) -> None:
+        if self._clock() - self._last_progress >= PROGRESS_EVERY:
+            self._last_progress = self._clock()
+            log.warning("%s", action.line)
+
+    def _record_fleet_loss(self, action: actions.RecordFleetLoss) -> None:
+        self._fleet_loss = action.loss
+
+    def _mark_ended(self, action: actions.MarkEnded) -> None:
+        worker = self._workers[action.worker_id]
+        worker.state = WorkerState.FAILED if action.failed else WorkerState.EXITED
+        worker.handing_over = False  # ended: its state goes with it
+
+    def _mark_exiting(self, action: actions.MarkExiting) -> None:
+        self._workers[action.worker_id].exiting = True
+        self._save_soon()  # a restarted driver must know it said so
+
+    def _take_out(self, action: actions.TakeOut) -> None:
+        worker = self._workers[action.worker_id]
+        if worker.state.alive:  # told first: a collective it is blocked in fails now
+            word = RoundBroken(action.number, action.why, rejoin=True)
+            self._channels.send(word, [worker.worker_id])
+            self.stop(worker)
+
+    def _signal(self, action: actions.Signal) -> None:
+        process = self._workers[action.worker_id].process
+        if action.kill:
+            process.kill()
+        else:
+            process.terminate()
+
+    def _reform_for(self, action: actions.Reform) -> None:
+        if action.cause is Cause.FAILURE:
+            self.timeline.noticed()
+        self._wanted_causes.append(action.cause)
+        self._reform(action.why, action.broken)
+
+    def _reform_later(self, action: actions.ReformIfStillWaiting) -> None:
+        self._failure_reported.add(action.number)
+        self._spawn(self._reform_if_still_waiting(action.number))
+
+    def _drain(self, action: actions.Drain) -> None:
+        self._watcher.drain(action.hostname, action.drained)
+        self._save_soon()  # a restarted driver keeps the host drained
+
+    # --- the rest ----------------------------------------------------------------------------
+
+    def _scale(self) -> int:
+        """Launch workers on free slots of usable hosts (`fill_slots`); return how many."""
+        decision = forming.fill_slots(self.view(), self._watcher.usable())
+        self.apply(decision)
+        return sum(len(a.places) for a in decision.actions if isinstance(a, actions.Launch))
+
+    def _form_wanted_round(self, reasons: list[str]) -> None:
+        cause = self._wanted_causes[0] if self._wanted_causes else Cause.JOIN
+        why = forming.summarize(reasons)
+        self.apply(forming.next_round(self.view(), why, self._clock(), cause))
+
+    def _reform(self, why: str, broken: bool = False) -> None:
+        """Ask for the next round; `broken`: a member died (see `RoundKeeper.want`)."""
+        awaited = (lambda: forming.survivors_not_waiting(self.view())) if broken else None
+        self.rounds.want(why, awaited)
 
     async def _cut_off_after_settling(self, number: int) -> None:
         interval = self._settings.heartbeat_interval
@@ -415,43 +445,28 @@ class Conductor:
 
     async def _reform_if_still_waiting(self, number: int) -> None:
         await asyncio.sleep(self._settings.heartbeat_interval)
-        if self._rendezvous.epoch == number and self.phase.forms_rounds:
+        if self._rendezvous.round == number and self.phase.forms_rounds:
             self._reform("a worker reported a failed collective", broken=True)
 
     def _look_for_stall(self, now: float) -> None:
         """Find the current round's stall, at most once every `STALL_LOOK_EVERY` s (it reads
-        every member); log it once (and again when it changes); past --stall-timeout, the
-        ranks behind have failed."""
+        every member); log it once (and again when it changes); the policy judges it against
+        --stall-timeout (`stall_seen`)."""
         if now - self._stall_looked < STALL_LOOK_EVERY:
             return
         self._stall_looked = now
-        number = self._rendezvous.epoch
-        members = []
-        for worker_id, slot in self._rendezvous.slots.items():
-            progress = self._workers[worker_id].progress
-            activity = progress.activity
-            if activity is None or progress.round != number:
-                steps = activity.steps if activity is not None else 0
-                members.append(RankActivity(slot.rank, slot.hostname, 0, "", None, steps))
-                continue
-            blocked = progress.age(activity.blocked_for, now)
-            members.append(
-                RankActivity(slot.rank, slot.hostname, activity.seq, activity.kind, blocked,
-                             activity.steps)
-            )  # fmt: skip
+        number = self._rendezvous.round
+        members = rank_activities(number, self._rendezvous.slots, self._workers, now)
         stall = find_stall(number, members, self._settings.stall_warning)
         previous, self.stall = self.stall, stall
         if stall is None:
             return
-        if previous is None or _stall_key(previous) != _stall_key(stall):
+        if previous is None or not same_stall(previous, stall):
             log.warning("%s", stall.line, extra={"event": "stall"})
         timeout = self._settings.stall_timeout
-        if timeout is not None and stall.seconds >= timeout:
-            behind = {m.rank for m in stall.missing}
-            ids = [w for w, slot in self._rendezvous.slots.items() if slot.rank in behind]
-            self.apply(on_workers.stalled(self.view(), ids, stall.line, now))
+        self.apply(worker_events.stall_seen(self.view(), stall, timeout, now))
 
-    def _tags(self, line: policy.Log) -> dict[str, Any]:
+    def _tags(self, line: actions.Log) -> dict[str, Any]:
         """The `extra=` of a policy's `line`: its event, and the rank and host of its worker."""
         worker = self._workers.get(line.worker_id)
         slot = self._rendezvous.slot_of(line.worker_id) if worker is not None else None
@@ -475,13 +490,3 @@ class Conductor:
         self._leavers = {w for w in self._leavers if workers[w].handing_over}
         if self._leavers:
             self.apply(leaving.handovers(self.view(), self._watcher.usable()))
-
-
-def _ended_unwatched(worker: Worker) -> bool:
-    return worker.process is not None and worker.process.ended_unwatched
-
-
-def _stall_key(stall: StallReport) -> tuple[int, int, str, tuple[int, ...]]:
-    """What makes a stall the same one: its round, collective and missing ranks."""
-    missing = tuple(m.rank for m in stall.missing)
-    return stall.round, stall.collective.seq, stall.collective.kind, missing

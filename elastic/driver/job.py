@@ -20,7 +20,7 @@ from typing import Any
 from elastic.driver.conductor import Conductor
 from elastic.driver.control.channels import ControlChannels
 from elastic.driver.control.inputs import WorkerInputs
-from elastic.driver.control.liveness import LivenessWatch
+from elastic.driver.control.liveness_watch import LivenessWatch
 from elastic.driver.discovery import FixedHosts, HostDiscovery, HostTracker, ScriptDiscovery
 from elastic.driver.discovery.cooldown import Cooldown
 from elastic.driver.discovery.hosts import HostSpec
@@ -30,7 +30,7 @@ from elastic.driver.job_file import remove_job_file, urls_of, write_job_file
 from elastic.driver.journal.backend import StateBackend
 from elastic.driver.journal.job_token import GivenToken, find_token
 from elastic.driver.journal.journal import JobJournal, backend_for
-from elastic.driver.journal.memory import MemoryBackend, MemoryKeyValueStore
+from elastic.driver.journal.memory import MemoryBackend
 from elastic.driver.journal.record import JobSpec
 from elastic.driver.journal.resume import (
     Tally,
@@ -39,20 +39,22 @@ from elastic.driver.journal.resume import (
     settings_document,
     snapshot,
 )
-from elastic.driver.launch.base import Launcher
 from elastic.driver.launch.detached import default_log_root
 from elastic.driver.launch.environment import WorkerEnvironments
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
+from elastic.driver.launch.launcher import Launcher
 from elastic.driver.launch.staffing import Staffing, host_summary
 from elastic.driver.logs import LogTail, WorkerLines, tags
 from elastic.driver.observe.loop_lag import LoopLag
-from elastic.driver.observe.metrics import JobMetrics
+from elastic.driver.observe.prometheus import JobMetrics
 from elastic.driver.observe.timeline import RoundTimeline
+from elastic.driver.policy.causes import Cause
 from elastic.driver.policy.liveness import Limits
+from elastic.driver.policy.phase import Phase
 from elastic.driver.policy.planning import first_places
-from elastic.driver.policy.rounds import Cause, Phase
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.reports import (
     DrainAsked,
     Joined,
@@ -214,7 +216,7 @@ class Job:
             stop_job=lambda: self._reports.put_nowait(StopAsked()),
         )  # fmt: skip
         inputs = WorkerInputs(
-            self._workers, self._channels, self._reports, lambda: self._rendezvous.epoch,
+            self._workers, self._channels, self._reports, lambda: self._rendezvous.round,
             self._clock, first_step=self._first_step,
         )  # fmt: skip
         address = self._hosts.bind_address(hosts, self.settings.network_interface)
@@ -340,7 +342,7 @@ class Job:
         self._fleet.serial = state.serial
         self._workers.update((w.worker_id, w) for w in saved.workers)
         self._rendezvous.restore(
-            state.epoch, [(w, self._workers[w].hostname) for w in state.members]
+            state.round, [(w, self._workers[w].hostname) for w in state.members]
         )
         for worker in saved.workers:  # let go (`LetGo`) by the dead driver: its joins are
             if worker.state is WorkerState.LEAVING and not worker.handing_over:  # turned away
@@ -350,7 +352,7 @@ class Job:
         self._conductor.resume(tally, state.finishing)
         alive = sum(1 for w in saved.workers if w.state.alive)
         log.info(
-            "resuming job %s at round %d: %d worker(s) to re-adopt", self.job_id, state.epoch,
+            "resuming job %s at round %d: %d worker(s) to re-adopt", self.job_id, state.round,
             alive,
         )  # fmt: skip
 
@@ -416,14 +418,14 @@ class Job:
                      if w.progress.activity is not None), default=0)  # fmt: skip
         return (
             f"job {self.job_id} ended with exit code {code} after {seconds:.1f} s: "
-            f"{self._rendezvous.epoch} round(s), {reforms} re-form(s)"
+            f"{self._rendezvous.round} round(s), {reforms} re-form(s)"
             + (f" ({causes})" if causes else "")
             + f", {steps} step(s)"
         )
 
     def current_round(self) -> int | None:
         """The job's round now, for log lines: None before the first is formed."""
-        return self._rendezvous.epoch or None
+        return self._rendezvous.round or None
 
     @property
     def end_message(self) -> str:

@@ -2,7 +2,8 @@
 
 The fleet reports exits, the liveness watch its verdicts, the rendezvous who waits and who
 joined, the control service what workers ask, the host watcher changes of the usable hosts.
-`Job` takes them off the queue one at a time and decides; none of the parts calls into it.
+`Job` takes them off the queue one at a time and hands each to its `Conductor`, which asks
+the policy and acts; none of the parts calls into either.
 """
 
 from __future__ import annotations

@@ -8,13 +8,13 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from elastic.driver.launch.base import WorkerProcess
+from elastic.driver.launch.launcher import WorkerProcess
 from elastic.driver.observe.progress import WorkerProgress
 
 
 class WorkerState(enum.Enum):
-    LAUNCHING = "launching"  # started, not yet a member of a formed epoch
-    MEMBER = "member"  # in the current epoch
+    LAUNCHING = "launching"  # started, not yet a member of a formed round
+    MEMBER = "member"  # in the current round
     LEAVING = "leaving"  # asked to leave (SIGTERM, removed host): goes at its next commit,
     # or, while `handing_over`, once another member holds its commit
     EXITED = "exited"  # ended with code 0
@@ -38,7 +38,7 @@ class Worker:
     exit_code: int | None = None
     registered: bool = False
     exiting: bool = False  # said it is shutting down: its stream closing is not a death
-    joined: bool = False  # has joined an epoch at the rendezvous
+    joined: bool = False  # has joined a round at the rendezvous
     pid: int | None = None  # as the worker reported it (remote workers too)
     launched_at: float = 0.0
     last_heartbeat: float = 0.0
@@ -53,7 +53,7 @@ class Worker:
     handing_over: bool = False  # LEAVING, but the only holder of the newest commit: a member
     # until another member reports holding that commit
     leave_reason: str = ""  # why it leaves, while `handing_over`
-    leave_cause: str = "leave"  # what for (a `policy.rounds.Cause`), while `handing_over`
+    leave_cause: str = "leave"  # what for (a `policy.causes.Cause`), while `handing_over`
     waiting_since: float | None = None  # when it first waited at the rendezvous to join
     progress: WorkerProgress = field(default_factory=WorkerProgress)  # its heartbeats say
 

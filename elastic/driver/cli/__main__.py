@@ -4,4 +4,5 @@ import sys
 
 from elastic.driver.cli.main import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing it (an import walk) runs nothing
+    sys.exit(main())

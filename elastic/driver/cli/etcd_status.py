@@ -35,7 +35,7 @@ def describe(job_id: str, documents: dict[str, bytes]) -> str:
     state = JobState.model_validate_json(documents.get("state", b"{}"))
     ranks = {worker_id: rank for rank, worker_id in enumerate(state.members)}
     lines.append(
-        f"round {state.epoch}: {len(state.members)} worker(s); {state.resets} re-rendezvous"
+        f"round {state.round}: {len(state.members)} worker(s); {state.resets} re-rendezvous"
     )
     for worker in sorted(state.workers, key=lambda w: ranks.get(w.worker_id, 1 << 30)):
         rank = ranks.get(worker.worker_id)

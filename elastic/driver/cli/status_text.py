@@ -65,7 +65,7 @@ def _round(entry: RoundRecord) -> str:
 def render(status: JobStatus, now: float | None = None) -> str:
     """The job's round and size, hosts, workers, stall, newest rounds and decisions, URLs."""
     now = time.time() if now is None else now
-    lines = [f"job {status.job_id}: round {status.epoch}, {status.size} worker(s) in it"]
+    lines = [f"job {status.job_id}: round {status.round}, {status.size} worker(s) in it"]
     if status.urls is not None:
         u = status.urls
         lines.append(f"  api {u.api}  metrics {u.metrics}  page {u.page}")

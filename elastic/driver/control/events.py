@@ -14,40 +14,42 @@ from elastic.protocol.http import SlotInfo
 
 @dataclass(frozen=True)
 class HostsUpdated:
-    """Epoch `next_epoch` is formed; incumbents move to it at their next commit.
+    """Round `next_round` is formed; incumbents move to it at their next commit.
 
-    With `broken_epoch` (> 0) it is also the word that round `broken_epoch` is broken, for
-    `broken_reason`: the worker acts on it as on an `EpochBroken` before it takes its slot,
-    so a death costs each survivor one event, not two.
+    With `broken_round` (> 0) it is also the word that round `broken_round` is broken, for
+    `broken_reason`: the worker acts on it as on a `RoundBroken` before it takes its slot,
+    so a death costs each survivor one event, not two. (On the wire, `pb.HostsUpdated`, the
+    two rounds keep their first names: `next_epoch`, `broken_epoch`.)
     """
 
     version: int
-    next_epoch: int
+    next_round: int
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
-    broken_epoch: int = 0
+    broken_round: int = 0
     broken_reason: str = ""
-    leave: bool = False  # the worker it goes to is no member of `next_epoch`: it leaves
+    leave: bool = False  # the worker it goes to is no member of `next_round`: it leaves
 
 
 @dataclass(frozen=True)
-class EpochBroken:
-    """A member of `epoch` died: every collective of that epoch must fail at once.
+class RoundBroken:
+    """A member of round `round` died: every collective of that round must fail at once.
 
     `rejoin`: the next round waits for this worker at the rendezvous, so it joins over HTTP
-    at once instead of waiting for its slot on the event stream."""
+    at once instead of waiting for its slot on the event stream. (On the wire it is still
+    `pb.EpochBroken`.)"""
 
-    epoch: int
+    round: int
     reason: str
     rejoin: bool = False
 
 
-ControlEvent = HostsUpdated | EpochBroken
+ControlEvent = HostsUpdated | RoundBroken
 
 Placement = Callable[[str, int], Awaitable[tuple[SlotInfo, int] | None]]
-"""`placement(worker_id, epoch)`: the worker's slot in `epoch` and the job's newest commit
-count, as an HTTP join of that epoch would answer them (once the epoch is saved), or None
-when `epoch` is no longer the newest or the worker is no member of it."""
+"""`placement(worker_id, number)`: the worker's slot in round `number` and the job's newest
+commit count, as an HTTP join of that round would answer them (once the round is saved), or
+None when round `number` is no longer the newest or the worker is no member of it."""
 
 
 class WorkerListener(Protocol):
@@ -63,13 +65,13 @@ class WorkerListener(Protocol):
     def heartbeat(
         self,
         worker_id: str,
-        epoch: int,
+        round: int,
         commit: int,
         durable: int = 0,
         stale: bool = False,
         activity: Activity | None = None,
     ) -> bool:
-        """A worker is alive, in `epoch`, having made `commit` state commits; it wrote commit
+        """A worker is alive, in round `round`, having made `commit` state commits; it wrote commit
         `durable` to the checkpoint directory last (0: none), its last write failed if
         `stale`, and it does what `activity` says."""
 

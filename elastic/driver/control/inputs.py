@@ -62,7 +62,7 @@ class WorkerInputs:
     def heartbeat(
         self,
         worker_id: str,
-        epoch: int,
+        round: int,
         commit: int,
         durable: int = 0,
         stale: bool = False,
@@ -73,19 +73,19 @@ class WorkerInputs:
             return False
         now = worker.last_heartbeat = self._clock()
         if activity is not None:
-            worker.progress.heard(activity, epoch, now)
-            if activity.first_step_age >= 0 and epoch == self._current_round():
-                self._first_step(epoch, now - activity.first_step_age)
+            worker.progress.heard(activity, round, now)
+            if activity.first_step_age >= 0 and round == self._current_round():
+                self._first_step(round, now - activity.first_step_age)
         worker.heard = True
         worker.durable = durable
         if stale != worker.durable_stale:
             worker.durable_stale = stale
             self._reports.put_nowait(DurableStale(worker_id, stale, durable))
-        if epoch and not worker.joined:
+        if round and not worker.joined:
             # In a round without an HTTP join: its slot came with its launch or on its stream.
             worker.joined = True
-        if commit != worker.commit or epoch > self._current_round():
-            self._reports.put_nowait(Heard(worker_id, epoch, commit))
+        if commit != worker.commit or round > self._current_round():
+            self._reports.put_nowait(Heard(worker_id, round, commit))
         return True
 
     def leave(self, worker_id: str, reason: str, commit: int) -> bool:

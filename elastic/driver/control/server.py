@@ -19,14 +19,14 @@ from typing import Any, NoReturn
 import grpc
 from grpc import aio
 
-from elastic.driver.control.beats import BeatServer
 from elastic.driver.control.events import (
     ControlEvent,
-    EpochBroken,
     HostsUpdated,
     Placement,
+    RoundBroken,
     WorkerListener,
 )
+from elastic.driver.control.heartbeat_port import BeatServer
 from elastic.driver.control.port_limits import BeatPortLimits, GrpcPortLimits
 from elastic.driver.control.refusals import refusal
 from elastic.driver.server.tls import TlsIdentity
@@ -75,14 +75,15 @@ _SERVER_OPTIONS = [
 
 def event_to_proto(event: ControlEvent, placed: tuple[SlotInfo, int] | None = None) -> pb.Event:
     """The wire form of a driver event; `placed`: with a `HostsUpdated`, the worker's slot in
-    its `next_epoch` and the job's newest commit count."""
+    its `next_round` and the job's newest commit count. The wire keeps the first names of
+    the round fields (`next_epoch`, `broken_epoch`, `EpochBroken`)."""
     if isinstance(event, HostsUpdated):
         update = pb.HostsUpdated(
             version=event.version,
-            next_epoch=event.next_epoch,
+            next_epoch=event.next_round,
             added=list(event.added),
             removed=list(event.removed),
-            broken_epoch=event.broken_epoch,
+            broken_epoch=event.broken_round,
             broken_reason=event.broken_reason,
             leave=event.leave,
         )
@@ -90,8 +91,8 @@ def event_to_proto(event: ControlEvent, placed: tuple[SlotInfo, int] | None = No
             slot, update.job_commit = placed
             update.slot.CopyFrom(pb.Slot(**slot.model_dump()))
         return pb.Event(hosts_updated=update)
-    if isinstance(event, EpochBroken):
-        broken = pb.EpochBroken(epoch=event.epoch, reason=event.reason, rejoin=event.rejoin)
+    if isinstance(event, RoundBroken):
+        broken = pb.EpochBroken(epoch=event.round, reason=event.reason, rejoin=event.rejoin)
         return pb.Event(epoch_broken=broken)
     raise TypeError(f"not a control event: {event!r}")
 
@@ -104,15 +105,15 @@ async def _place_breaking(
 ) -> tuple[HostsUpdated, tuple[SlotInfo, int] | None]:
     """The slot for a `HostsUpdated` that also breaks a round. The word that the round is
     broken must not wait on a slow save of the new round (a durable backend's, up to seconds):
-    if the slot is not known within `BREAK_HELD_FOR`, an `EpochBroken` is written at once and
+    if the slot is not known within `BREAK_HELD_FOR`, a `RoundBroken` is written at once and
     the update goes on without the word. Returns the update to write and its slot."""
-    placing = asyncio.ensure_future(placement(worker_id, event.next_epoch))
+    placing = asyncio.ensure_future(placement(worker_id, event.next_round))
     try:
         done, _ = await asyncio.wait((placing,), timeout=BREAK_HELD_FOR)
         if not done:
-            broken = EpochBroken(event.broken_epoch, event.broken_reason)
+            broken = RoundBroken(event.broken_round, event.broken_reason)
             await context.write(event_to_proto(broken))
-            event = dataclasses.replace(event, broken_epoch=0, broken_reason="")
+            event = dataclasses.replace(event, broken_round=0, broken_reason="")
         return event, await placing
     finally:
         placing.cancel()  # the stream ended meanwhile (no-op once placed)
@@ -284,10 +285,10 @@ class _ControlService(pb_grpc.ControlServicer):
                 event = await queue.get()
                 placed = None
                 if placement is not None and isinstance(event, HostsUpdated):
-                    if event.broken_epoch:
+                    if event.broken_round:
                         event, placed = await _place_breaking(context, placement, worker_id, event)
                     else:
-                        placed = await placement(worker_id, event.next_epoch)
+                        placed = await placement(worker_id, event.next_round)
                 await context.write(event_to_proto(event, placed))
         except asyncio.CancelledError:
             if not self._stopping.is_set():
@@ -309,7 +310,7 @@ class ControlServer:
     Every call needs `authorization: Bearer <token>` (else UNAUTHENTICATED). A listener
     answering False becomes NOT_FOUND; a listener raising becomes UNAVAILABLE (the worker
     retries). With `placement`, each `HostsUpdated` written to a worker carries the worker's
-    slot in that epoch when `placement` gives one (the worker then needs no HTTP join); one
+    slot in that round when `placement` gives one (the worker then needs no HTTP join); one
     that also breaks a round waits at most `BREAK_HELD_FOR` for it (see `_place_breaking`).
     Runs on the event loop that calls `start`.
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from elastic.driver.discovery.base import HostDiscovery
+from elastic.driver.discovery.host_discovery import HostDiscovery
 from elastic.driver.discovery.hosts import HostSpec
 
 
 class FixedHosts(HostDiscovery):
-    """Always the same hosts (already parsed and checked by `elastic.driver.discovery.hosts`).
-
-    Never raises: a fixed list cannot fail.
+    """`HostDiscovery` of always the same hosts (already parsed and checked by
+    `elastic.driver.discovery.hosts`); see `HostDiscovery.find` for the contract. Never
+    raises: a fixed list cannot fail.
     """
 
     def __init__(self, hosts: Iterable[HostSpec]) -> None:

@@ -19,7 +19,7 @@ import shutil
 import signal
 from dataclasses import replace
 
-from elastic.driver.discovery.base import DiscoveryError, HostDiscovery
+from elastic.driver.discovery.host_discovery import DiscoveryError, HostDiscovery
 from elastic.driver.discovery.hosts import (
     MAX_SLOTS_PER_HOST,
     HostSpec,
@@ -33,7 +33,8 @@ _DRAIN_SECONDS = 1.0
 
 
 class ScriptDiscovery(HostDiscovery):
-    """Run `path` at every `find()` and parse what it prints.
+    """`HostDiscovery` by a script (see `HostDiscovery.find` for the contract): run `path`
+    at every `find()` and parse what it prints.
 
     `path` is a file path; one without a `/` is looked up in the working directory first,
     then on PATH. The script must finish, and close its output, within `timeout` seconds.

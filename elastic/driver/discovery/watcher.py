@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from elastic.driver.discovery.base import DiscoveryError, HostDiscovery
+from elastic.driver.discovery.host_discovery import DiscoveryError, HostDiscovery
 from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.discovery.tracker import HostTracker, TrackerUpdate
 from elastic.driver.errors import LaunchError

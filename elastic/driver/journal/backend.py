@@ -28,7 +28,11 @@ class ClaimLost(ElasticError):
 
 class StateBackend(ABC):
     """The state of one job. Every method retries transient failures for a bounded time and
-    then raises `BackendError`; none hangs."""
+    then raises `BackendError`; none hangs.
+
+    Implementations: `MemoryBackend` (`memory.py`, the default: lost with the driver) and
+    `EtcdBackend` (`etcd.py`: outlives it, so a restarted driver resumes the job).
+    """
 
     durable: bool = False
     """Whether the state outlives the driver (a restarted driver can resume the job)."""
@@ -41,37 +45,76 @@ class StateBackend(ABC):
         is_alive: Callable[[bytes], bool],
         on_lost: Callable[[], None],
     ) -> None:
-        """Take job `job_id` for this driver (`holder`: a JSON description of it).
+        """Take a job for this driver: at most one driver holds a job at a time.
 
-        When another driver holds it, `is_alive(that_holder)` decides: a live one makes this
-        raise `JobLocked`; a dead one's claim is taken over (at once, or once its lease ends).
-        `on_lost()` is called, once, if the claim is lost later.
+        Args:
+            job_id: the job to claim.
+            holder: a JSON description of this driver, which later claimants read.
+            is_alive: asked about another driver's `holder` when it holds the job: True
+                (it lives) refuses this claim; False takes its claim over, at once or once
+                its lease ends.
+            on_lost: called once, on the event loop, if this claim is lost later (its
+                lease expired and another driver may run the job).
+
+        Raises:
+            JobLocked: a live driver holds the job.
+            BackendError: the backend stayed unreachable.
         """
 
     @abstractmethod
     async def load(self) -> dict[str, bytes]:
-        """Every document of the claimed job (empty for a new job)."""
+        """Read the claimed job's documents.
+
+        Returns:
+            Every document of the claimed job, by name (empty for a new job).
+
+        Raises:
+            BackendError: the backend stayed unreachable.
+        """
 
     @abstractmethod
     async def save(
         self, documents: dict[str, bytes], *, expiring: frozenset[str] = frozenset()
     ) -> None:
-        """Write `documents` atomically, only while the claim holds (else `ClaimLost`).
+        """Write documents of the claimed job, all or none, while the claim holds.
 
-        Names in `expiring` are bound to the claim: they vanish when the claim does.
+        Args:
+            documents: the documents to write, by name; others stay as they are.
+            expiring: names among them bound to the claim: they vanish when it does.
+
+        Raises:
+            ClaimLost: this driver no longer holds the job; nothing was written.
+            BackendError: the backend stayed unreachable.
         """
 
     @abstractmethod
     async def read(self, job_id: str) -> dict[str, bytes]:
-        """Every document of any job, claimed or not (for `elasticrun status`)."""
+        """Read any job's documents, claimed or not (for `elasticrun status`).
+
+        Args:
+            job_id: the job to read.
+
+        Returns:
+            Every document of the job, by name (empty when there is no such job).
+
+        Raises:
+            BackendError: the backend stayed unreachable.
+        """
 
     @abstractmethod
     async def release(self) -> None:
-        """Give the claim up (the job ended); documents stay. Never raises."""
+        """Give the claim up (the job ended); the documents stay. Never raises."""
 
     async def close(self) -> None:  # noqa: B027 - nothing to close by default
         """Release connections. Idempotent."""
 
     def key_of(self, name: str) -> str:
-        """Where document `name` of the claimed job lives, for messages."""
+        """Where a document lives, for messages.
+
+        Args:
+            name: a document's name.
+
+        Returns:
+            Where document `name` of the claimed job lives (its etcd key, or its name).
+        """
         return name

@@ -49,6 +49,9 @@ def _transient(err: BaseException) -> bool:
 
 
 class EtcdBackend(StateBackend):
+    """`StateBackend` in etcd (see `StateBackend` for each method's contract): the job's
+    documents and its claim outlive the driver, so a restarted one resumes the job."""
+
     durable = True
 
     def __init__(

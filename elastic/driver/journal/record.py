@@ -9,7 +9,9 @@ self-signed certificate, which it publishes, signed with the token, in its `Driv
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Any
+
+from pydantic import BaseModel, Field, model_validator
 
 
 class JobSpec(BaseModel):
@@ -48,9 +50,12 @@ class CooldownRecord(BaseModel):
 
 
 class JobState(BaseModel):
-    """The driver's view of the job at one moment."""
+    """The driver's view of the job at one moment. `epoch` is `round`'s deprecated first
+    name, saved beside it for drivers and readers that know only it (`elasticrun status
+    --json` prints this document when no driver runs the job)."""
 
-    epoch: int = 0
+    round: int = 0  # the newest round's number
+    epoch: int = 0  # deprecated: the same as `round`
     members: list[str] = Field(default_factory=list)  # worker ids in rank order
     workers: list[WorkerRecord] = Field(default_factory=list)
     discovered: list[str] = Field(default_factory=list)  # last good discovery, "host:slots"
@@ -61,6 +66,16 @@ class JobState(BaseModel):
     update_version: int = 0
     finishing: bool = False
     newest_commit: int = 0  # the newest commit count any worker reported
+
+    @model_validator(mode="before")
+    @classmethod
+    def _both_names(cls, data: Any) -> Any:
+        """Either name given alone sets both: the driver gives `round`, a document an older
+        driver saved has `epoch` alone."""
+        if isinstance(data, dict) and ("round" in data) != ("epoch" in data):
+            number = data["round"] if "round" in data else data["epoch"]
+            return {**data, "round": number, "epoch": number}
+        return data
 
 
 class JobResult(BaseModel):

@@ -28,7 +28,7 @@ from elastic.driver.journal.record import (
     JobState,
     WorkerRecord,
 )
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.settings import BackendSettings, Settings
 from elastic.driver.workers import Worker, WorkerState
 from elastic.protocol.etcd import LEGACY_SECRET, SEALED, mac_key
@@ -140,7 +140,7 @@ def snapshot(
     dropped = {id(w) for w in ended[:-ENDED_KEPT]}
     kept = [w for w in workers if id(w) not in dropped]  # in launch order
     state = JobState(
-        epoch=rendezvous.epoch,
+        round=rendezvous.round,
         members=rendezvous.members,
         workers=[worker_record(w) for w in kept],
         discovered=[f"{h.hostname}:{h.slots}" for h in tracker.discovered_hosts],

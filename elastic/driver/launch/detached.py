@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from elastic.driver.errors import LaunchError
-from elastic.driver.launch.base import Adoption, Launcher, WorkerProcess, WorkerSpec
 from elastic.driver.launch.keeper import EXIT_FILE
+from elastic.driver.launch.launcher import Adoption, Launcher, WorkerProcess, WorkerSpec
 from elastic.driver.launch.private_files import open_private, private_dir
 
 UNKNOWN_EXIT = 255  # a worker that ended while no driver watched and left no exit status
@@ -192,8 +192,10 @@ def runs_keeper_of(pid: int, log_dir: str) -> bool:
 
 
 class DetachedLauncher(Launcher):
-    """Starts `spec.command` under a keeper in a new session; output goes to `spec.log_dir`
-    (see `prepare_log_dir`). Raises `LaunchError` when that folder is not this user's."""
+    """`Launcher` of local workers that outlive the driver (see `Launcher` for the
+    contract): starts `spec.command` under a keeper in a new session; output goes to
+    `spec.log_dir` (see `prepare_log_dir`). Raises `LaunchError` when that folder is not this
+    user's."""
 
     async def launch(self, spec: WorkerSpec) -> WorkerProcess:
         assert spec.log_dir is not None, "a detached worker needs a log directory"

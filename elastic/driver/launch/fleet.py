@@ -11,7 +11,6 @@ from typing import Any
 
 from elastic.driver.errors import LaunchError, UsageError
 from elastic.driver.journal.resume import ADOPT_GRACE
-from elastic.driver.launch.base import Adoption, HostFolder, Located, WorkerSpec
 from elastic.driver.launch.detached import (
     AdoptedProcess,
     keepers_under,
@@ -20,6 +19,7 @@ from elastic.driver.launch.detached import (
 )
 from elastic.driver.launch.follower import OutputFollower
 from elastic.driver.launch.host_access import HostAccess
+from elastic.driver.launch.launcher import Adoption, HostFolder, Located, WorkerSpec
 from elastic.driver.launch.output import OutputSink, pump
 from elastic.driver.logs import WorkerLines
 from elastic.driver.reports import Reports, WorkerExited

@@ -9,8 +9,8 @@ from collections.abc import Iterable
 
 from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.errors import LaunchError, UsageError
-from elastic.driver.launch.base import Launcher
 from elastic.driver.launch.detached import DetachedLauncher
+from elastic.driver.launch.launcher import Launcher
 from elastic.driver.launch.local import LocalLauncher
 from elastic.driver.launch.network import (
     interface_address,

@@ -8,7 +8,7 @@ import os
 import signal
 
 from elastic.driver.errors import LaunchError
-from elastic.driver.launch.base import (
+from elastic.driver.launch.launcher import (
     OUTPUT_LIMIT,
     Launcher,
     SubprocessWorker,
@@ -37,6 +37,9 @@ class LocalProcess(SubprocessWorker):
 
 
 class LocalLauncher(Launcher):
+    """`Launcher` of local child processes (see `Launcher` for the contract), each the leader
+    of its own process group, its output piped to the driver."""
+
     async def launch(self, spec: WorkerSpec) -> WorkerProcess:
         try:
             process = await asyncio.create_subprocess_exec(

@@ -15,7 +15,7 @@ from asyncio.subprocess import Process
 from dataclasses import dataclass
 
 from elastic.driver.errors import LaunchError
-from elastic.driver.launch.base import (
+from elastic.driver.launch.launcher import (
     OUTPUT_LIMIT,
     Adoption,
     HostFolder,
@@ -112,8 +112,9 @@ def _no_ssh_client(hostname: str, err: OSError) -> str:
 
 
 class SshLauncher(Launcher):
-    """Starts workers through ssh: owned by the agent's session (`SshProcess`), or, for a
-    spec with a `host_folder`, detached (`RemoteDetachedProcess`); re-adopts detached ones."""
+    """`Launcher` over ssh (see `Launcher` for the contract): starts workers owned by the
+    agent's session (`SshProcess`), or, for a spec with a `host_folder`, detached
+    (`RemoteDetachedProcess`); re-adopts detached ones."""
 
     def __init__(self, options: SshOptions, grace: float) -> None:
         self._options = options

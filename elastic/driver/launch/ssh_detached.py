@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from elastic.driver.errors import LaunchError
-from elastic.driver.launch.base import OUTPUT_LIMIT, Located, WorkerProcess
 from elastic.driver.launch.detached import UNKNOWN_EXIT
+from elastic.driver.launch.launcher import OUTPUT_LIMIT, Located, WorkerProcess
 from elastic.driver.launch.relay_frames import (
     EXIT,
     HEADER,

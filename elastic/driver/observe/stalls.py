@@ -8,10 +8,11 @@ ranks wait in is the one the others are missing from.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from elastic.protocol.http import CollectiveStatus, StalledRank, StallReport
+from elastic.driver.workers import Worker
+from elastic.protocol.http import CollectiveStatus, SlotInfo, StalledRank, StallReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,28 @@ class RankActivity:
     kind: str
     blocked_for: float | None
     steps: int
+
+
+def rank_activities(
+    number: int, slots: Mapping[str, SlotInfo], workers: Mapping[str, Worker], now: float
+) -> list[RankActivity]:
+    """What each member of round `number` (`slots`: their places) is doing, from their
+    workers' newest heartbeats (`WorkerProgress`): one that has not beaten in this round yet
+    is in no collective of it."""
+    members = []
+    for worker_id, slot in slots.items():
+        progress = workers[worker_id].progress
+        activity = progress.activity
+        if activity is None or progress.round != number:
+            steps = activity.steps if activity is not None else 0
+            members.append(RankActivity(slot.rank, slot.hostname, 0, "", None, steps))
+            continue
+        blocked = progress.age(activity.blocked_for, now)
+        members.append(
+            RankActivity(slot.rank, slot.hostname, activity.seq, activity.kind, blocked,
+                         activity.steps)
+        )  # fmt: skip
+    return members
 
 
 def _doing(member: RankActivity) -> str:
@@ -69,3 +92,18 @@ def find_stall(round_: int, members: Sequence[RankActivity], warning: float) -> 
         seconds=seconds,
         line=line,
     )
+
+
+def same_stall(one: StallReport, other: StallReport) -> bool:
+    """Whether two looks found the same stall: the same round, collective and missing ranks
+    (it is logged once, and again when it changes)."""
+
+    def key(stall: StallReport) -> tuple[int, int, str, list[int]]:
+        return (
+            stall.round,
+            stall.collective.seq,
+            stall.collective.kind,
+            [m.rank for m in stall.missing],
+        )
+
+    return key(one) == key(other)

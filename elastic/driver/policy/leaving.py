@@ -11,14 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence, Set
 
 from elastic.driver.discovery.hosts import HostSpec
-from elastic.driver.policy.rounds import (
+from elastic.driver.policy.actions import (
     NOTHING,
     Action,
     BeginFinishing,
-    Cause,
     Decision,
     HandOver,
-    JobView,
     Launch,
     LetGo,
     Log,
@@ -26,8 +24,10 @@ from elastic.driver.policy.rounds import (
     Reform,
     SeeHandovers,
     StopWorker,
-    fill_slots,
 )
+from elastic.driver.policy.causes import Cause
+from elastic.driver.policy.forming import fill_slots
+from elastic.driver.policy.view import JobView
 from elastic.driver.workers import Worker, WorkerState
 from elastic.protocol.leave import EXIT_REASONS, FINISHED
 
@@ -52,7 +52,7 @@ def leave(
     """`worker_id` is asked to leave for `why` (`cause`), with those `along`: a joiner is
     stopped; a member goes at once (static job, or a member that stays holds its state) or
     hands its state over first (alone, it looks for a holder at once; with others `along`,
-    the decision that asked them all looks once all are asked: see `rounds.together`)."""
+    the decision that asked them all looks once all are asked: see `host_changes.together`)."""
     worker = view.workers[worker_id]
     if worker.state is WorkerState.LAUNCHING:
         return Decision((StopWorker(worker_id, why),), f"worker {worker_id} is stopped: {why}")

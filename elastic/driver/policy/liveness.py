@@ -33,11 +33,11 @@ def judge(workers: Iterable[Worker], now: float, limits: Limits) -> list[tuple[W
     heartbeat intervals without one. A
     worker whose control stream closed without it saying it exits is STREAM_CLOSED after
     `max(heartbeat_interval, stop_grace)`: a crashing worker closes its stream first and takes
-    a while to exit, and its exit code says more. A worker that has not joined an epoch within
+    a while to exit, and its exit code says more. A worker that has not joined a round within
     the start timeout is NOT_JOINED, unless it waits at the rendezvous (then the driver, not
-    the worker, is why no epoch includes it yet). A worker that left the job (it is no member)
+    the worker, is why no round includes it yet). A worker that left the job (it is no member)
     but still runs `stop_grace` after closing its stream is LINGERING, and HUNG when it misses
-    heartbeats before that (it may still be in a collective of an older epoch). A leaving
+    heartbeats before that (it may still be in a collective of an older round). A leaving
     worker still `handing_over` its state is judged like a member. Exiting workers are left
     alone.
     """

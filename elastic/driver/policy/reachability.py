@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 
-from elastic.driver.policy.rounds import NOTHING, Decision, JobView, Signal
-from elastic.driver.policy.workers import failed
+from elastic.driver.policy.actions import NOTHING, Decision, Signal
+from elastic.driver.policy.view import JobView
+from elastic.driver.policy.worker_events import failed
 
 Reports = Mapping[str, Set[int]]
 """Per reporting worker id, the ranks of the round it found unreachable."""

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 
 from elastic.driver.launch.network import own_names
 from elastic.driver.server import (
-    hosts,
+    host_drain,
     kv,
     login_codes,
     metrics,
@@ -81,7 +81,7 @@ def create_app(
     app.state.sessions = sessions or PageSessions()
     app.state.page_status = page_api.SharedStatus()
     app.state.refused_peers = set()
-    for module in (rendezvous, kv, status, hosts, stop, login_codes):  # the API: the token
+    for module in (rendezvous, kv, status, host_drain, stop, login_codes):  # the API: the token
         app.include_router(module.router, dependencies=[Depends(require_token)])
     app.include_router(page.router)  # its own login: see page.py
     app.include_router(page_api.router)  # a page session or the token: see page_api.py

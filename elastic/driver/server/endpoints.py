@@ -33,12 +33,12 @@ def _placement(services: Services) -> Placement:
     """Slots for the event stream, answered as `/v1/rendezvous/join` would answer them."""
     rendezvous = services.rendezvous
 
-    async def placement(worker_id: str, epoch: int) -> tuple[SlotInfo, int] | None:
-        if rendezvous.epoch != epoch or (slot := rendezvous.slot_of(worker_id)) is None:
+    async def placement(worker_id: str, number: int) -> tuple[SlotInfo, int] | None:
+        if rendezvous.round != number or (slot := rendezvous.slot_of(worker_id)) is None:
             return None
         if services.durable is not None:
             await services.durable()
-            if rendezvous.epoch != epoch:
+            if rendezvous.round != number:
                 return None
         return slot, services.newest_commit()
 

@@ -1,4 +1,5 @@
-"""`/v1/kv`: the torch.distributed Store operations, namespaced by epoch."""
+"""`/v1/kv`: the torch.distributed Store operations, namespaced by round (each body's `epoch`
+field: the worker protocol keeps the round's first name)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import TypeVar
 
 from fastapi import APIRouter, HTTPException
 
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.server.auth import ServicesDep
 from elastic.driver.server.services import Services
 from elastic.protocol.http import (
@@ -34,8 +35,9 @@ router = APIRouter(prefix="/v1/kv", tags=["kv"])
 T = TypeVar("T")
 
 
-def _key(epoch: int, key: str) -> str:
-    return Rendezvous.epoch_prefix(epoch) + key
+def _key(number: int, key: str) -> str:
+    """`key` of round `number`, in the rendezvous store."""
+    return Rendezvous.round_prefix(number) + key
 
 
 def _decode(text: str, field: str) -> bytes:
@@ -49,12 +51,12 @@ def _encode(value: bytes) -> str:
     return base64.b64encode(value).decode()
 
 
-async def _unless_superseded(svc: Services, epoch: int, wait: Awaitable[T]) -> T:
-    """Await `wait`, but answer 410 as soon as an epoch newer than `epoch` forms: the waiting
+async def _unless_superseded(svc: Services, number: int, wait: Awaitable[T]) -> T:
+    """Await `wait`, but answer 410 as soon as a round newer than `number` forms: the waiting
     worker's group can never complete, and it must re-join (where, once the job ends, it is
     told to leave). The same as soon as the job ends: no wait holds the driver's exit up."""
     waiting = asyncio.ensure_future(wait)
-    superseded = asyncio.ensure_future(svc.rendezvous.wait_superseded(epoch, MAX_WAIT_SECONDS))
+    superseded = asyncio.ensure_future(svc.rendezvous.wait_superseded(number, MAX_WAIT_SECONDS))
     try:
         await asyncio.wait({waiting, superseded}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -63,8 +65,8 @@ async def _unless_superseded(svc: Services, epoch: int, wait: Awaitable[T]) -> T
             waiting.cancel()
     if not waiting.done() or waiting.cancelled():
         if svc.rendezvous.closed:
-            raise HTTPException(410, f"round {epoch} ends with the job")
-        raise HTTPException(410, f"round {epoch} was superseded by round {svc.rendezvous.epoch}")
+            raise HTTPException(410, f"round {number} ends with the job")
+        raise HTTPException(410, f"round {number} was superseded by round {svc.rendezvous.round}")
     return waiting.result()
 
 
@@ -74,11 +76,11 @@ async def set_key(body: SetRequest, svc: ServicesDep) -> CheckResponse:
     return CheckResponse(ready=True)
 
 
-async def _note_lost_keys(svc: Services, epoch: int, keys: list[str]) -> None:
+async def _note_lost_keys(svc: Services, number: int, keys: list[str]) -> None:
     """Tell the driver when a wait is for keys of the round it took up from an earlier
     driver and one of them is missing: they may have been set on that driver."""
-    if epoch == svc.rendezvous.restored and not await svc.kv.check(keys):
-        svc.keys_lost(epoch)
+    if number == svc.rendezvous.restored and not await svc.kv.check(keys):
+        svc.keys_lost(number)
 
 
 @router.post(
@@ -143,4 +145,4 @@ async def delete(body: KeyRequest, svc: ServicesDep) -> DeleteResponse:
 
 @router.post("/num_keys")
 async def num_keys(body: EpochRequest, svc: ServicesDep) -> CountResponse:
-    return CountResponse(count=await svc.kv.count(Rendezvous.epoch_prefix(body.epoch)))
+    return CountResponse(count=await svc.kv.count(Rendezvous.round_prefix(body.epoch)))

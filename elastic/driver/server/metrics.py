@@ -1,11 +1,11 @@
 """`/metrics`: the job's Prometheus metrics, read-only and without the token (nothing in them
-is secret: see `elastic.driver.observe.metrics`)."""
+is secret: see `elastic.driver.observe.prometheus`)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Response
 
-from elastic.driver.observe.metrics import JobMetrics
+from elastic.driver.observe.prometheus import JobMetrics
 from elastic.driver.server.auth import ServicesDep
 
 PATH = "/metrics"

@@ -3,7 +3,7 @@
 Every route, a read or a button, needs the token or a page session with its page secret in
 the `X-Elasticrun-Page` header (`require_viewer`, see `auth.py`): the session cookie alone,
 which browsers also send to other services on the same host, gets 403. The buttons do what
-`elasticrun drain`, `undrain` and `stop` do, through the same `/v1` route code (`hosts.py`,
+`elasticrun drain`, `undrain` and `stop` do, through the same `/v1` route code (`host_drain.py`,
 `stop.py`), with the same answers and errors.
 """
 
@@ -15,7 +15,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request, Response
 
-from elastic.driver.server import hosts, stop
+from elastic.driver.server import host_drain, stop
 from elastic.driver.server.auth import ServicesDep, SessionsDep, page_session, require_viewer
 from elastic.protocol.http import MAX_KEY_LENGTH, DrainResponse, JobStatus, StopResponse, Strict
 
@@ -68,13 +68,13 @@ async def page_status(request: Request, svc: ServicesDep) -> Response:
 @router.post("/hosts/{hostname}/drain")
 async def drain(hostname: Hostname, svc: ServicesDep) -> DrainResponse:
     """Drain `hostname`, as `POST /v1/hosts/{hostname}/drain` does (the same answers)."""
-    return await hosts.drain(svc, hostname)
+    return await host_drain.drain(svc, hostname)
 
 
 @router.delete("/hosts/{hostname}/drain")
 async def undrain(hostname: Hostname, svc: ServicesDep) -> DrainResponse:
     """Undrain `hostname`, as `DELETE /v1/hosts/{hostname}/drain` does."""
-    return await hosts.undrain(svc, hostname)
+    return await host_drain.undrain(svc, hostname)
 
 
 @router.post("/stop")

@@ -1,10 +1,11 @@
-"""`/v1/rendezvous`: a worker joins the next epoch and learns its slot."""
+"""`/v1/rendezvous`: a worker joins the next round and learns its slot (the body's `epoch`
+fields are rounds: the worker protocol keeps their first name)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from elastic.driver.rendezvous.rounds import NotMemberError
+from elastic.driver.rendezvous.membership import NotMemberError
 from elastic.driver.server.auth import ServicesDep
 from elastic.protocol.http import JoinRequest, JoinResponse
 
@@ -13,7 +14,7 @@ router = APIRouter(prefix="/v1/rendezvous", tags=["rendezvous"])
 
 @router.post("/join")
 async def join(body: JoinRequest, svc: ServicesDep) -> JoinResponse:
-    """Long-poll up to `timeout` seconds for an epoch newer than `after_epoch` with the worker."""
+    """Long-poll up to `timeout` seconds for a round newer than `after_epoch` with the worker."""
     try:
         joined = await svc.rendezvous.join(
             body.worker_id, body.after_epoch, body.timeout, body.commit
@@ -25,5 +26,5 @@ async def join(body: JoinRequest, svc: ServicesDep) -> JoinResponse:
     if svc.durable is not None:
         await svc.durable()
     return JoinResponse(
-        status="formed", epoch=joined.epoch, slot=joined.slot, job_commit=svc.newest_commit()
+        status="formed", epoch=joined.round, slot=joined.slot, job_commit=svc.newest_commit()
     )

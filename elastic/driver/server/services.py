@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from elastic.driver.rendezvous.kv import KeyValueStore
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
+from elastic.driver.rendezvous.store import KeyValueStore
 from elastic.protocol.http import JobStatus
 
 

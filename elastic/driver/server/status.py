@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.server.auth import ServicesDep
 from elastic.driver.workers import Worker
 from elastic.protocol.http import (
@@ -67,12 +67,12 @@ def describe_job(
                 pid=worker.pid,
                 exit_code=worker.exit_code,
                 commit=worker.commit,
-                **_progress(worker, rendezvous.epoch, now),
+                **_progress(worker, rendezvous.round, now),
             )
         )
     return JobStatus(
         job_id=job_id,
-        epoch=rendezvous.epoch,
+        round=rendezvous.round,
         size=len(rendezvous.members),
         hosts=list(hosts),
         workers=statuses,

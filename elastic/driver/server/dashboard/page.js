@@ -149,7 +149,7 @@ function decisionRow(d) {
 
 function draw(status) {
   $("job-id").textContent = status.job_id;
-  $("round").textContent = status.epoch;
+  $("round").textContent = status.round;
   $("size").textContent = status.size;
   $("updated").textContent = new Date().toLocaleTimeString();
   fill("hosts", status.hosts.map(hostRow));

@@ -1,4 +1,10 @@
-"""The launcher interface: start one worker process and control it."""
+"""The launcher interface: start one worker process (`Launcher`) and control it
+(`WorkerProcess`).
+
+Implementations: `LocalLauncher` (`local.py`, a child process in its own process group),
+`DetachedLauncher` (`detached.py`, under a keeper, outliving the driver) and `SshLauncher`
+(`ssh.py`, on a remote host through the ssh agent, owned or detached).
+"""
 
 from __future__ import annotations
 
@@ -71,9 +77,13 @@ class WorkerProcess(ABC):
     @property
     @abstractmethod
     def pid(self) -> int:
-        """The local process id (the worker itself, its keeper, or the ssh client for a
-        remote one); for a detached remote one, its keeper's pid on its host (0 until
-        known)."""
+        """Which process this is.
+
+        Returns:
+            The local process id (the worker itself, its keeper, or the ssh client for a
+            remote one); for a detached remote one, its keeper's pid on its host (0 until
+            known).
+        """
 
     @property
     def ended_unwatched(self) -> bool:
@@ -83,12 +93,22 @@ class WorkerProcess(ABC):
 
     @abstractmethod
     async def wait(self) -> int:
-        """Wait for the worker to end; return its exit code."""
+        """Wait for the worker to end. Never raises for how it ended.
+
+        Returns:
+            Its exit code: 128+N when signal N ended it; 255 when no exit status was left
+            (ssh lost its host, or it ended unwatched without recording one).
+        """
 
     @property
     @abstractmethod
     def signal(self) -> int | None:
-        """The signal that ended the worker, if one did and it is known."""
+        """How the worker ended, when a signal ended it.
+
+        Returns:
+            The signal's number, or None when no signal ended it, it has not ended, or
+            which one is not known.
+        """
 
     @abstractmethod
     def terminate(self) -> None:
@@ -118,16 +138,50 @@ class SubprocessWorker(WorkerProcess):
 
 
 class Launcher(ABC):
+    """Starts workers of one kind (local, detached, over ssh) and re-adopts detached ones."""
+
     @abstractmethod
     async def launch(self, spec: WorkerSpec) -> WorkerProcess:
-        """Start the worker; raise `LaunchError` if it cannot be started at all."""
+        """Start one worker.
+
+        Args:
+            spec: what to run, where, with which environment (and, detached, where its
+                output and exit status go).
+
+        Returns:
+            The started worker. A worker that starts and then fails (its command exits at
+            once) is started: its exit code says what happened.
+
+        Raises:
+            LaunchError: it cannot be started at all (no such host, ssh refused, a folder
+                that is not this user's); one line says why.
+        """
 
     async def check_reachable(self, hostname: str, timeout: float) -> None:  # noqa: B027
-        """Raise `LaunchError` if `hostname` cannot run workers within `timeout` seconds."""
+        """Check that a host can run workers (by default: every host can).
+
+        Args:
+            hostname: the host to check.
+            timeout: seconds the check may take.
+
+        Raises:
+            LaunchError: `hostname` cannot run workers within `timeout` seconds.
+        """
 
     def adopt(self, adoption: Adoption) -> WorkerProcess:
         """Watch a detached worker that an earlier driver launched with this kind of
-        launcher. Never waits. Raises `LaunchError` where workers end with their driver."""
+        launcher. Never waits.
+
+        Args:
+            adoption: the worker as the job's journal recorded it.
+
+        Returns:
+            The worker, as `launch` would have returned it; one that ended while no driver
+            watched says so (`WorkerProcess.ended_unwatched`).
+
+        Raises:
+            LaunchError: workers of this kind end with their driver (the default).
+        """
         raise LaunchError(f"cannot re-adopt the worker on host {adoption.hostname}")
 
 

@@ -9,11 +9,11 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 from elastic.driver.control.channels import ControlChannels
-from elastic.driver.control.events import EpochBroken, HostsUpdated
-from elastic.driver.journal.memory import MemoryKeyValueStore
+from elastic.driver.control.events import HostsUpdated, RoundBroken
 from elastic.driver.launch.staffing import host_summary
 from elastic.driver.rendezvous.batcher import RoundBatcher
-from elastic.driver.rendezvous.rounds import Rendezvous
+from elastic.driver.rendezvous.membership import Rendezvous
+from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.workers import Worker
 
 log = logging.getLogger("elasticrun")
@@ -53,14 +53,14 @@ class RoundKeeper:
         self._spawn = spawn
         self._alive = alive
         self._broken: set[int] = set()
-        self._held: EpochBroken | None = None  # the current round's break, told with the next
+        self._held: RoundBroken | None = None  # the current round's break, told with the next
 
     def want(self, why: str, awaited: Callable[[], set[str]] | None) -> None:
         """Ask for the next round for `why`; `awaited`: the round is broken, and the next
         waits for the survivors it returns (asked only when no round is wanted yet).
 
         Those survivors are mostly blocked in a collective that only the driver's word ends,
-        so they are told the break at once and asked back (`EpochBroken.rejoin`): the round
+        so they are told the break at once and asked back (`RoundBroken.rejoin`): the round
         forms as soon as they are back, not when the batcher's window ends. Above
         `CALL_BACK_AT_MOST` of them, the extra event each would cost the driver more than the
         window saves; they hear of the break with their slot."""
@@ -69,7 +69,7 @@ class RoundKeeper:
         self.batcher.want(why, survivors)
         held = self._held
         if survivors and held is not None and len(survivors) <= CALL_BACK_AT_MOST:
-            self._channels.send(EpochBroken(held.epoch, held.reason, rejoin=True), survivors)
+            self._channels.send(RoundBroken(held.round, held.reason, rejoin=True), survivors)
         self.batcher.arrived(self._is_alive)
 
     def arrived(self, worker_id: str) -> None:
@@ -84,7 +84,7 @@ class RoundKeeper:
         previous = self.rendezvous.members
         number = self.rendezvous.form([(w, workers[w].hostname) for w in members])
         # Nobody can still use the keys of the round before the previous one: drop them.
-        self._spawn(self._kv.delete_prefix(Rendezvous.epoch_prefix(number - 2)))
+        self._spawn(self._kv.delete_prefix(Rendezvous.round_prefix(number - 2)))
         before, after = set(previous), set(members)  # sets: O(N), not O(N²), per round
         held, self._held = self._held, None
         update = HostsUpdated(
@@ -92,7 +92,7 @@ class RoundKeeper:
             number,
             tuple(workers[w].hostname for w in members if w not in before),
             tuple(workers[w].hostname for w in previous if w not in after),
-            broken_epoch=held.epoch if held is not None else 0,
+            broken_round=held.round if held is not None else 0,
             broken_reason=held.reason if held is not None else "",
         )
         told = [w for w in previous if workers[w].state.alive]
@@ -113,17 +113,17 @@ class RoundKeeper:
         The break of the current round is held while its successor is wanted (asked for in
         the same decision; at most the batcher's window, `ROUND_AFTER_DEATH`): `form` then
         sends the broken round's live members one `HostsUpdated` that carries both the break
-        and their slot, and the other live workers an `EpochBroken`. When no round is wanted,
+        and their slot, and the other live workers a `RoundBroken`. When no round is wanted,
         or none forms when the window ends (too few workers: the job waits), every live
-        worker gets an `EpochBroken`. An older round's break is sent at once."""
+        worker gets a `RoundBroken`. An older round's break is sent at once."""
         if number in self._broken:
             return
         self._broken.add(number)
-        word = EpochBroken(number, why)
-        if number != self.rendezvous.epoch:
+        word = RoundBroken(number, why)
+        if number != self.rendezvous.round:
             self._channels.send(word, self._alive())
             return
-        if self._held is None or number > self._held.epoch:
+        if self._held is None or number > self._held.round:
             self._held = word
         # The decision that broke it asks for the next round next, in the same turn.
         asyncio.get_running_loop().call_soon(self._release_unless_wanted)
@@ -146,7 +146,7 @@ class RoundKeeper:
             self._release()
 
     def _release(self) -> None:
-        """Send a held break, if any, as an `EpochBroken` to every live worker."""
+        """Send a held break, if any, as a `RoundBroken` to every live worker."""
         held, self._held = self._held, None
         if held is not None:
             self._channels.send(held, self._alive())

@@ -50,7 +50,7 @@ class _Snapshot(Collector):
         info = GaugeMetricFamily("elasticrun_job_info", "The job (value 1)", labels=["job_id"])
         info.add_metric([status.job_id], 1)
         yield info
-        yield GaugeMetricFamily("elasticrun_round", "The current round's number", status.epoch)
+        yield GaugeMetricFamily("elasticrun_round", "The current round's number", status.round)
         yield GaugeMetricFamily("elasticrun_size", "Members of the current round", status.size)
         workers = GaugeMetricFamily("elasticrun_workers", "Workers by state", labels=["state"])
         for state in WORKER_STATES:

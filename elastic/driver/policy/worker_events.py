@@ -1,8 +1,8 @@
 """What a worker's exit, verdict, failure or wait at the rendezvous means for the job. Pure.
 
-`Job` records what a worker reported (its commit, since when it waits) before it asks; the
-decisions below change the worker records only through their actions (`MarkEnded`), so a
-follow-up that depends on the changed records is an action of its own (`SeeIfEnded`,
+The conductor records what a worker reported (its commit, since when it waits) before it
+asks; the decisions below change the worker records only through their actions (`MarkEnded`),
+so a follow-up that depends on the changed records is an action of its own (`SeeIfEnded`,
 `SeeHandovers`, `FillSlots`), decided when its turn comes.
 """
 
@@ -11,20 +11,17 @@ from __future__ import annotations
 import signal
 from collections.abc import Sequence
 
-from elastic.driver.policy.liveness import Ending, Verdict, ending
-from elastic.driver.policy.rounds import (
+from elastic.driver.policy.actions import (
     NOTHING,
     Action,
     AdvanceTo,
     Arrived,
     BeginFinishing,
     BreakRound,
-    Cause,
     CoolDown,
     Decision,
     FillSlots,
     Finish,
-    JobView,
     Log,
     MarkEnded,
     Reform,
@@ -33,11 +30,15 @@ from elastic.driver.policy.rounds import (
     SeeIfEnded,
     Signal,
     TakeOut,
-    fleet_lost,
-    joiner_waiting,
 )
+from elastic.driver.policy.causes import Cause
+from elastic.driver.policy.fleet_loss import fleet_lost
+from elastic.driver.policy.forming import joiner_waiting
+from elastic.driver.policy.liveness import Ending, Verdict, ending
+from elastic.driver.policy.view import JobView
 from elastic.driver.settings import FailureScope
 from elastic.driver.workers import Worker, WorkerState
+from elastic.protocol.http import StallReport
 
 
 def describe_exit(worker: Worker) -> str:
@@ -239,3 +240,30 @@ def stalled(view: JobView, worker_ids: Sequence[str], line: str, now: float) -> 
             taken_out |= {a.worker_id for a in decision.actions if isinstance(a, TakeOut)}
             actions += [Signal(worker_id, kill=True), *decision.actions]
     return Decision(tuple(actions), line) if actions else NOTHING
+
+
+def stall_seen(
+    view: JobView, stall: StallReport, stall_timeout: float | None, now: float
+) -> Decision:
+    """The current round has a `stall` (see `elastic.driver.observe.stalls.find_stall`):
+    past `stall_timeout` (--stall-timeout; None: never) its ranks behind (`stall.missing`)
+    kept the others waiting too long and have failed (`stalled`); before that, nothing."""
+    if stall_timeout is None or stall.seconds < stall_timeout:
+        return NOTHING
+    behind = {m.rank for m in stall.missing}
+    ids = [worker_id for worker_id, slot in view.slots.items() if slot.rank in behind]
+    return stalled(view, ids, stall.line, now)
+
+
+def durable_stale(worker: Worker, stale: bool, written: int) -> Decision:
+    """The worker that writes durable commits says its last write failed (`stale`) or that
+    one succeeded again (it says so once per change); `written`: the newest commit it wrote
+    (0: none). Training goes on either way: only the words."""
+    newest = written or "none"
+    if not stale:
+        return Decision((Log("info", f"durable commits are written again (newest: {newest})"),), "")
+    line = (
+        f"the durable copy is stale: worker {worker.worker_id} on {worker.hostname} failed to "
+        f"write a durable commit (newest written: {newest}; its log says why); training goes on"
+    )
+    return Decision((Log("warning", line),), "")

@@ -19,11 +19,19 @@ class DiscoveryError(ElasticError):
 
 
 class HostDiscovery(ABC):
+    """A source of the hosts the job may use, asked at every poll (`find`)."""
+
     @abstractmethod
     async def find(self) -> list[HostSpec]:
-        """The hosts available now, in the order the source gives them, each named once.
+        """Ask the source which hosts are available now.
 
-        An empty list is a valid answer (no host is available right now). Raises
-        `DiscoveryError` when the source fails; the caller keeps its last good list and asks
-        again at the next poll. Cancelling the call leaves no process or resource behind.
+        Returns:
+            The hosts available now, in the order the source gives them, each named once.
+            An empty list is a valid answer: no host is available right now.
+
+        Raises:
+            DiscoveryError: the source failed this time (one line says why); the caller
+                keeps its last good list and asks again at the next poll.
+
+        Cancelling the call leaves no process or resource behind.
         """
