@@ -126,7 +126,7 @@ class DeleteResponse(Strict):
     deleted: bool
 
 
-class EpochRequest(Strict):
+class RoundRequest(Strict):
     epoch: RoundNumber
 
 

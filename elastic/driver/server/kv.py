@@ -22,10 +22,10 @@ from elastic.protocol.http import (
     CompareSetRequest,
     CountResponse,
     DeleteResponse,
-    EpochRequest,
     GetRequest,
     KeyRequest,
     KeysRequest,
+    RoundRequest,
     SetRequest,
     ValueResponse,
     WaitRequest,
@@ -144,5 +144,5 @@ async def delete(body: KeyRequest, svc: ServicesDep) -> DeleteResponse:
 
 
 @router.post("/num_keys")
-async def num_keys(body: EpochRequest, svc: ServicesDep) -> CountResponse:
+async def num_keys(body: RoundRequest, svc: ServicesDep) -> CountResponse:
     return CountResponse(count=await svc.kv.count(Rendezvous.round_prefix(body.epoch)))

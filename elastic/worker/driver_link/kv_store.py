@@ -15,10 +15,10 @@ from elastic.protocol.http import (
     CompareSetRequest,
     CountResponse,
     DeleteResponse,
-    EpochRequest,
     GetRequest,
     KeyRequest,
     KeysRequest,
+    RoundRequest,
     SetRequest,
     ValueResponse,
     WaitRequest,
@@ -100,7 +100,7 @@ class DriverStore(dist.Store):
         return self._client.post("/v1/kv/delete", request, DeleteResponse).deleted
 
     def num_keys(self) -> int:
-        request = EpochRequest(epoch=self._round)
+        request = RoundRequest(epoch=self._round)
         return self._client.post("/v1/kv/num_keys", request, CountResponse).count
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
