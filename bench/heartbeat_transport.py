@@ -10,7 +10,7 @@ that only counts:
   `elastic.protocol.beats`: a hello with the job token, then beat frames, checked and reported
   to the listener's `heartbeat` as the driver does);
 * the peer: a grpc.aio server with the control service's options and token interceptor
-  (`bench.support.package_internals`) serving one client-streaming method itself (the
+  (its own `SERVER_OPTIONS` and `TokenCheck`) serving one client-streaming method itself (the
   `Heartbeats` RPC is gone from protos/control.proto): each message, raw bytes (round and
   commit as two big-endian int64, then the worker id), is reported to the listener through the
   control service's `refusal` as the removed handler did.
@@ -95,8 +95,8 @@ async def start_stream_server(listener: CountingListener) -> tuple[Any, int]:
     import grpc
     from grpc import aio
 
-    from bench.support.package_internals import control_server_options, control_token_check
     from elastic.driver.control.refusals import refusal
+    from elastic.driver.control.server import SERVER_OPTIONS, TokenCheck
 
     async def heartbeats(
         requests: AsyncIterator[bytes], context: aio.ServicerContext[Any, Any]
@@ -115,7 +115,7 @@ async def start_stream_server(listener: CountingListener) -> tuple[Any, int]:
 
     service, _, method = STREAM_METHOD[1:].partition("/")
     handler = grpc.stream_unary_rpc_method_handler(heartbeats)  # raw bytes both ways
-    server = aio.server(interceptors=[control_token_check(TOKEN)], options=control_server_options())
+    server = aio.server(interceptors=[TokenCheck(TOKEN)], options=list(SERVER_OPTIONS))
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service, {method: handler}),)
     )
@@ -198,10 +198,10 @@ async def stream_clients(port: int, ids: list[str], interval: float, end: float)
     client stream until `end`. Returns (messages sent, streams that failed)."""
     from grpc import aio
 
-    from bench.support.package_internals import worker_channel_options
+    from elastic.worker.driver_link.control_client import CHANNEL_OPTIONS
 
     metadata = (("authorization", f"Bearer {TOKEN}"),)
-    options = [*worker_channel_options(), ("grpc.use_local_subchannel_pool", 1)]
+    options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
     channels = [aio.insecure_channel(f"{HOST}:{port}", options=options) for _ in ids]
     errors = 0
 

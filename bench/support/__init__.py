@@ -14,7 +14,6 @@
   TCPStore clients as the reference (`tcpstore_rendezvous`), children's environment and
   limits (`child_processes`);
 * a driver watched and abused from outside (`driver_watch`, `abuse_probes`);
-* the package's private names the benchmarks reuse, named in one place (`package_internals`).
 
 Some run as processes of their own (`python -m bench.support.simulated_workers`,
 `driver_process`, `abuse_probes`, `tcpstore_rendezvous`, `torchrun_store`): the benchmarks

@@ -180,8 +180,8 @@ class SimWorker:
     def __init__(self, spec: Command, report: Report) -> None:
         from grpc import aio
 
-        from bench.support.package_internals import worker_channel_options
         from elastic.protocol import control_pb2_grpc as pb_grpc
+        from elastic.worker.driver_link.control_client import CHANNEL_OPTIONS
 
         self.worker_id: str = spec["worker_id"]
         self._delay: float = spec.get("delay", 0.0)  # the process' start-up before init()
@@ -190,7 +190,7 @@ class SimWorker:
         # Each worker is its own process in reality: its own connection, no shared subchannel.
         self._channel = aio.insecure_channel(
             spec["control_address"],
-            options=[*worker_channel_options(), ("grpc.use_local_subchannel_pool", 1)],
+            options=[*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)],
         )
         self._stub = pb_grpc.ControlStub(self._channel)
         self._http = HttpConnection(spec["driver_url"], spec["token"])
@@ -277,9 +277,9 @@ class SimWorker:
         `Evicted`. Each retry is reported (`retry`, "<call> <code>")."""
         import grpc
 
-        from bench.support.package_internals import worker_retryable_codes
+        from elastic.worker.driver_link.control_client import RETRYABLE_CODES
 
-        retryable = worker_retryable_codes()  # the worker's own list
+        retryable = RETRYABLE_CODES  # the worker's own list
         backoff = Backoff()
         name = getattr(method, "_method", b"call").decode().rpartition("/")[2]
         while True:

@@ -16,7 +16,7 @@ its HTTP/2 SETTINGS within `handshake_timeout` (after TLS, with TLS) is closed, 
 call in progress is closed after `idle_timeout` (a worker's event stream is a call in
 progress for as long as it is open, so it is never cut), and past `max_connections` gRPC
 closes a new connection at once. A call without the token is refused from its headers
-(`_TokenCheck`), so a stranger's connection goes idle and closes. Calls per connection are not
+(`TokenCheck`), so a stranger's connection goes idle and closes. Calls per connection are not
 capped (`grpc.max_concurrent_streams` made gRPC refuse, UNAVAILABLE, calls that waited while
 the event loop was busy, even at 1,000 a connection); the calls waiting for the service are
 bounded server-wide by `grpc.server.max_pending_requests_hard_limit` (see `server.py`).

@@ -44,7 +44,7 @@ MAX_UNREACHABLE = 65_536  # ranks in one Unreachable report (the message size bo
 # backend saves the round first) before the break is written on its own.
 BREAK_HELD_FOR = 0.05
 
-_SERVER_OPTIONS = [
+SERVER_OPTIONS = [
     # Fail on a port already taken instead of sharing it with another server.
     ("grpc.so_reuseport", 0),
     # Control messages are tiny: refuse anything large before parsing it.
@@ -119,7 +119,7 @@ async def _place_breaking(
         placing.cancel()  # the stream ended meanwhile (no-op once placed)
 
 
-class _TokenCheck(aio.ServerInterceptor):
+class TokenCheck(aio.ServerInterceptor):
     """Refuses every call (known method or not) that lacks `authorization: Bearer <token>`.
 
     The comparison takes constant time; the request body of a refused call is never parsed;
@@ -379,8 +379,8 @@ class ControlServer:
         self._stopping = asyncio.Event()
         await self._beats.start()
         server = aio.server(
-            interceptors=[_TokenCheck(self._token)],
-            options=[*_SERVER_OPTIONS, *self.grpc_limits.options()],
+            interceptors=[TokenCheck(self._token)],
+            options=[*SERVER_OPTIONS, *self.grpc_limits.options()],
         )
         self._service = _ControlService(
             self._listener,

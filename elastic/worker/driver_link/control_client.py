@@ -41,7 +41,7 @@ EXIT_EVICTED = 1
 # failed transiently. Any other code is an answer. CANCELLED, when this client did not cancel
 # the call itself: gRPC cancels a call whose connection it gave up (a driver too busy to finish
 # handshakes, thousands of workers starting at once), and `_relocate` closes the old channel.
-_RETRYABLE = frozenset(
+RETRYABLE_CODES = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.CANCELLED,
@@ -53,7 +53,7 @@ _RETRYABLE = frozenset(
     }
 )
 
-_CHANNEL_OPTIONS = [
+CHANNEL_OPTIONS = [
     # Notice a driver host that vanished without closing its sockets within ~20 s.
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 10_000),
@@ -111,7 +111,7 @@ def _describe(err: BaseException) -> str:
 
 
 def _retryable(err: BaseException) -> bool:
-    return _code(err) in _RETRYABLE
+    return _code(err) in RETRYABLE_CODES
 
 
 class ControlClient:
@@ -159,7 +159,7 @@ class ControlClient:
         self._retry_for = retry_for
         self._tls_cert = tls_cert
         self._locator = locator
-        self._channel = control_channel(address, tls_cert, _CHANNEL_OPTIONS)
+        self._channel = control_channel(address, tls_cert, CHANNEL_OPTIONS)
         self._stub = pb_grpc.ControlStub(self._channel)
         self._round = 0
         self._commit = 0
@@ -323,7 +323,7 @@ class ControlClient:
             self._tls_cert = cert
             old, self._channel = (
                 self._channel,
-                control_channel(address, self._tls_cert, _CHANNEL_OPTIONS),
+                control_channel(address, self._tls_cert, CHANNEL_OPTIONS),
             )
             self._stub = pb_grpc.ControlStub(self._channel)
             self.address = address
@@ -349,7 +349,7 @@ class ControlClient:
             code, details = _code(err), err.details()  # type: ignore[attr-defined]
             if code == grpc.StatusCode.NOT_FOUND:
                 raise WorkerEvicted(f"the driver declared worker {self.worker_id} dead") from err
-            if code in _RETRYABLE:
+            if code in RETRYABLE_CODES:
                 raise ControlError(
                     f"driver at {self.address} unreachable for {budget:g} s: {details}"
                 ) from err
