@@ -1,0 +1,1 @@
+"""Benchmarks run end to end at a tiny size."""

@@ -1,0 +1,1 @@
+"""Horovod's API and elastic scenarios in real jobs under `elasticrun`."""

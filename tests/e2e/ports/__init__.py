@@ -1,0 +1,1 @@
+"""The driver's heartbeat and gRPC ports against hostile peers in processes of their own."""

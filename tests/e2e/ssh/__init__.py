@@ -1,0 +1,1 @@
+"""Hosts reached through a real sshd on loopback."""

@@ -1,0 +1,1 @@
+"""The benchmark suite's pure parts and its catalogue (bench/)."""

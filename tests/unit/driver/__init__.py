@@ -1,0 +1,1 @@
+"""The driver (elastic/driver/), one folder per sub-package."""

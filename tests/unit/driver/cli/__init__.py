@@ -1,0 +1,1 @@
+"""elastic/driver/cli: the launcher's flags and the operator commands."""

@@ -1,0 +1,1 @@
+"""elastic/driver/control: the gRPC control service, channels, liveness watch, heartbeats' inputs."""

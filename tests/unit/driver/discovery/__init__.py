@@ -1,0 +1,1 @@
+"""elastic/driver/discovery: host lists, discovery scripts, cooldown, the host watcher."""

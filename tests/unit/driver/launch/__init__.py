@@ -1,0 +1,1 @@
+"""elastic/driver/launch: worker output, its followers and its safety on a shared machine."""

@@ -1,0 +1,1 @@
+"""elastic/driver/observe: rates, timeline, stalls, metrics."""

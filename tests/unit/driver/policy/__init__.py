@@ -1,0 +1,1 @@
+"""elastic/driver/policy: the re-forming policy's pure decisions."""

@@ -1,0 +1,1 @@
+"""elastic/driver/rendezvous: slot assignment and round batching."""

@@ -1,0 +1,1 @@
+"""elastic/driver/server: the HTTP API, its limits, logins, the Host header, TLS."""

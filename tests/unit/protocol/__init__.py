@@ -1,0 +1,1 @@
+"""elastic/protocol: what driver and worker agree on (heartbeat frames, the worker's environment)."""

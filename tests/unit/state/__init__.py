@@ -1,0 +1,1 @@
+"""elastic/state: checkpoints, durable commits, the elastic sampler."""

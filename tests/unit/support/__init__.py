@@ -1,0 +1,1 @@
+"""The tests' own helpers (tests/support)."""

@@ -1,0 +1,1 @@
+"""elastic/worker: the worker runtime's parts that run in this process."""
