@@ -10,7 +10,7 @@ rank R pid P t T` line a step). Three variants, interleaved per trial (in a rota
 so that machine noise hits them alike:
 
 * `etcd_restart`: `--backend etcd --etcd-endpoints ... --job-id <fresh>` on a real etcd
-  (`tests/etcd_server.py`, loopback). Once it trains at size 2, SIGKILL the driver and the
+  (`tests/support/etcd_server.py`, loopback). Once it trains at size 2, SIGKILL the driver and the
   worker of rank 1 back to back, then start the driver again at once with the same command.
   Workers are detached (output in $TMPDIR/elasticrun-<job id>/worker.<n>/, tailed here while
   no driver runs); the new driver re-adopts the survivor, sees the death, forms epoch 2.
@@ -318,7 +318,7 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark with `argv` (this process' arguments when None)."""
-    from tests.etcd_server import EtcdServer
+    from tests.support.etcd_server import EtcdServer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=5)

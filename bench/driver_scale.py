@@ -431,7 +431,7 @@ def markdown(records: list[dict[str, Any]], references: list[dict[str, Any]]) ->
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    from tests.etcd_server import EtcdServer
+    from tests.support.etcd_server import EtcdServer
 
     records: list[dict[str, Any]] = []
     references: list[dict[str, Any]] = []

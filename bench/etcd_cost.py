@@ -4,8 +4,8 @@
 
 The real driver (`elastic.driver.job.Job`: rendezvous, HTTP API, gRPC control service, state
 saver, liveness checks) runs in this process, once with `MemoryBackend` and once with
-`EtcdBackend` on a real etcd server (`tests/etcd_server.py`, loopback, a fresh `--job-id` per
-trial), the two interleaved per trial (alternating which goes first). Only the launcher is
+`EtcdBackend` on a real etcd server (`tests/support/etcd_server.py`, loopback, a fresh `--job-id`
+per trial), the two interleaved per trial (alternating which goes first). Only the launcher is
 replaced: `FakeLauncher` starts no process but hands each worker's environment to a separate
 client process (`bench.support.simulated_workers`, asyncio: grpc.aio and a minimal HTTP/1.1
 client) where a simulated worker does what `elastic.worker.runtime.init` and the elastic run
@@ -280,7 +280,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    from tests.etcd_server import EtcdServer
+    from tests.support.etcd_server import EtcdServer
 
     # (workers, {variant: trials}, heartbeat s); variants interleaved per trial.
     plan: list[tuple[int, dict[str, int], float]] = [

@@ -4,7 +4,8 @@
     python protos/generate.py --out DIR  # writes the three files into DIR instead
 
 Uses `grpc_tools.protoc` (the `grpcio-tools` version pinned in the dev extras: the output
-depends on it, and `tests/test_control.py` fails when the committed files differ from it).
+depends on it, and `tests/unit/driver/control/test_control.py` fails when the committed files
+differ from it).
 
 The .proto is compiled as `elastic/protocol/control.proto` (a staged copy), not as
 `control.proto`: protoc then writes `from elastic.protocol import control_pb2` in the gRPC

@@ -1,4 +1,5 @@
-"""Hostile clients of a running driver's ports, for `bench/abuse.py` and `tests/test_abuse.py`.
+"""Hostile clients of a running driver's ports, for `bench/abuse.py` and
+`tests/e2e/elastic/test_abuse.py`.
 
 Each long-running client runs in a process of its own (`Hostile` starts one), so that the
 measuring process is not starved by it, and ends by itself after `--seconds` (or at SIGTERM),

@@ -1,8 +1,8 @@
 """Watching a driver from outside, as an operator would: its resident memory and open
 descriptors sampled from /proc, and how long `/v1/status` with the token takes to answer.
-Used by `bench/abuse.py` and `tests/test_abuse.py`; each watcher runs in a thread of its own
-until `stop`, and `window(start, end)` summarises the samples taken in [start, end) (times are
-`time.time()`).
+Used by `bench/abuse.py` and `tests/e2e/elastic/test_abuse.py`; each watcher runs in a thread of
+its own until `stop`, and `window(start, end)` summarises the samples taken in [start, end) (times
+are `time.time()`).
 """
 
 from __future__ import annotations

@@ -10,17 +10,18 @@ import sys
 import tempfile
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
+
+from tests.support.paths import WORKERS
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 needs_two_gpus = pytest.mark.skipif(
     torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL: one rank per GPU)"
 )
 
-JOB = Path(__file__).parent.parent / "workers" / "gpu_job.py"
+JOB = WORKERS / "gpu_job.py"
 
 
 @needs_cuda

@@ -63,8 +63,8 @@ from tests.multihost.namespaces import (
     unplug,
 )
 from tests.multihost.subnet import OWNER_ALIAS, SUBNETS, claim_lock, free_subnet, make_bridge
-from tests.prerequisites import Machine, missing_bed
-from tests.sshd_server import (
+from tests.support.prerequisites import Machine, missing_bed
+from tests.support.sshd_server import (
     SshKeys,
     check_login,
     make_keys,
@@ -96,8 +96,8 @@ class BedHost:
 
 def missing_prerequisite() -> str | None:
     """Why no bed can be built here (one line), or None when root and every tool it uses are
-    there (tests/prerequisites.py). Where the kernel refuses namespaces or nftables, building
-    raises BedUnavailable."""
+    there (tests/support/prerequisites.py). Where the kernel refuses namespaces or nftables,
+    building raises BedUnavailable."""
     return missing_bed(Machine.here())
 
 

@@ -1,4 +1,4 @@
-"""`tests/workers/soak_job.py` as a real `elasticrun` job on the multi-host bed's hosts.
+"""`tests/support/workers/soak_job.py` as a real `elasticrun` job on the multi-host bed's hosts.
 
 The driver runs in the root namespace; hosts come from a discovery file, one slot each, and
 are reached through ssh. Each worker appends its step lines (with the wall-clock time its
@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import RunningJob
 from tests.multihost.bed import Bed
-from tests.soak import HOSTS_FILE_SCRIPT, SOAK_JOB, SideFiles, StepLine, dump_stacks
+from tests.support.running_job import RunningJob
+from tests.support.soak import HOSTS_FILE_SCRIPT, SOAK_JOB, SideFiles, StepLine, dump_stacks
 
 HEARTBEAT = 0.5
 MISSES = 3

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RunningJob
 from tests.multihost.bed import Bed, BedUnavailable, missing_prerequisite
 from tests.multihost.bed_job import BedJob
+from tests.support.running_job import RunningJob
 
 
 def build_bed(count: int, directory: Path) -> Bed:

@@ -1,4 +1,4 @@
-"""The fault soak on the multi-host bed: `tests/soak.py`'s job and process faults, with the
+"""The fault soak on the multi-host bed: `tests/support/soak.py`'s job and process faults, with the
 job's hosts in network namespaces reached through ssh, and the bed's own faults beside them.
 
 The bed's faults, each on one host chosen at random among those up:
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tests.multihost.bed import Bed
 from tests.multihost.wire import Side
-from tests.soak import WEIGHTS, Soak, StepLine, job_processes
+from tests.support.soak import WEIGHTS, Soak, StepLine, job_processes
 
 BED_WEIGHTS = {
     **WEIGHTS,

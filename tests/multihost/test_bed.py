@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import pids_alive, write_script
 from tests.multihost.bed import Bed
 from tests.multihost.conftest import build_bed
 from tests.multihost.leftovers import survey, sweep_orphans
+from tests.support.processes import pids_alive
+from tests.support.scripts import write_script
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(60)]
 

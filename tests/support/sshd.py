@@ -1,9 +1,10 @@
 """A real `sshd` on loopback for the ssh launcher's tests.
 
-Use it from a test module with `pytest_plugins = ["tests.sshd"]` and a parameter named `sshd`.
+Use it from a test module with `pytest_plugins = ["tests.support.sshd"]` and a parameter named
+`sshd`.
 The server runs as the current user, on a free port of 127.0.0.1 and 127.0.0.2 (127.0.0.2
 routes to loopback but is no interface's address, so `elasticrun` reaches it through ssh),
-with a throwaway host key and client key pair (tests/sshd_server.py). Logins run this
+with a throwaway host key and client key pair (tests/support/sshd_server.py). Logins run this
 interpreter's `elastic` package: `PYTHONPATH` points at it, whether or not it is installed.
 Their `TMPDIR` is a folder of the server's own (`SshServer.tmpdir`), as another host's would
 differ from the driver's.
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sshd_server import (
+from tests.support.sshd_server import (
     check_login,
     make_keys,
     missing_ssh_tools,

@@ -1,6 +1,6 @@
 """A throwaway `sshd`: its keys, its config, starting it and waiting for its banner.
 
-Shared by the loopback sshd fixture (tests/sshd.py) and the multi-host bed
+Shared by the loopback sshd fixture (tests/support/sshd.py) and the multi-host bed
 (tests/multihost/bed.py), which runs one per network namespace. No pytest here: bench scripts
 import the bed too.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import elastic
-from tests.prerequisites import SSHD, Machine, missing_ssh
+from tests.support.prerequisites import SSHD, Machine, missing_ssh
 
 START_TIMEOUT = 10.0
 STOP_TIMEOUT = 5.0
@@ -183,5 +183,5 @@ def stop_sshd(process: subprocess.Popen[bytes]) -> None:
 
 def missing_ssh_tools() -> str | None:
     """Why no throwaway sshd can run here (one line), or None when sshd, ssh and ssh-keygen
-    are all there (tests/prerequisites.py)."""
+    are all there (tests/support/prerequisites.py)."""
     return missing_ssh(Machine.here())

@@ -6,22 +6,22 @@
 # in CI: every release but 2.13.0 is a CUDA build of several GB from PyPI, and pyproject.toml's
 # torch range names the releases last checked this way. Exits non-zero if any release failed.
 #
-#   tests/torch_versions.sh                  # the oldest and newest releases of the range
-#   tests/torch_versions.sh 2.9.1 2.12.1     # others
+#   tests/support/torch_versions.sh                  # the oldest and newest releases of the range
+#   tests/support/torch_versions.sh 2.9.1 2.12.1     # others
 #
 # Where pip caps torch below a release (this project's machines cap it at 2.14.1 through
 # /etc/xdg/pip), run it with PIP_CONSTRAINT=/dev/null.
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 venvs=${TORCH_VENVS:-$HOME/.cache/elasticrun/torch-venvs}
 versions=("$@")
 [ ${#versions[@]} -gt 0 ] || versions=(2.9.1 2.14.1 2.15.0)
 tests=(
-  tests/test_collectives_inprocess.py
-  tests/test_optimizer_inprocess.py
-  tests/test_state_inprocess.py
-  tests/test_process_group.py
-  tests/test_training_e2e.py
+  tests/e2e/process_groups/test_collectives.py
+  tests/e2e/process_groups/test_optimizer.py
+  tests/e2e/process_groups/test_state.py
+  tests/e2e/process_groups/test_process_group.py
+  tests/e2e/horovod/test_training.py
 )
 failed=()
 for version in "${versions[@]}"; do

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from elastic.driver.cli.launcher_flags import build_parser
-from tests.prerequisites import CI_INSTALLS
+from tests.support.paths import REPOSITORY as ROOT
+from tests.support.prerequisites import CI_INSTALLS
 
-ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 FLAGS_PAGE = DOCS / "launcher.md"

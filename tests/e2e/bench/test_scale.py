@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPOSITORY as ROOT
 
 
 def test_scale_writes_every_figure(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ from bench.support.driver_watch import DriverWatch, open_file_limit, resident_mi
 from bench.support.local_systems import ELASTIC_WORKLOAD
 from bench.support.trial_processes import LINE
 from elastic.driver.job_file import find_job
-from tests.conftest import ELASTICRUN, RunningJob
+from tests.support.running_job import ELASTICRUN, RunningJob
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,8 +1,8 @@
 """Faults that overlap each other, or a normal event, with real processes: nothing is lost
 and nothing is left behind.
 
-Every job runs tests/workers/elastic_job.py (per-sample counts must come out exactly once per
-epoch). Where a test checks that no progress was lost, it reads the step numbers the ranks
+Every job runs tests/support/workers/elastic_job.py (per-sample counts must come out exactly once
+per epoch). Where a test checks that no progress was lost, it reads the step numbers the ranks
 print: without a failure (a leave or a removed host is none) they never go backwards.
 """
 
@@ -16,10 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RunningJob, pids_alive, processes_naming
-from tests.etcd_server import EtcdServer
-from tests.test_driver_restart import durable_args, kill_driver
-from tests.test_elastic import (
+from tests.e2e.elastic.test_elastic import (
     ONE_WORKER_FAILS,
     assert_exactly_once,
     discovery_args,
@@ -27,6 +24,10 @@ from tests.test_elastic import (
     ranks_to_pids,
     write_hosts,
 )
+from tests.e2e.etcd.test_driver_restart import durable_args, kill_driver
+from tests.support.etcd_server import EtcdServer
+from tests.support.processes import pids_alive, processes_naming
+from tests.support.running_job import RunningJob
 
 pytestmark = pytest.mark.timeout(180)
 

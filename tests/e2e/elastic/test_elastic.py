@@ -1,6 +1,6 @@
 """Elastic mode with real processes: workers die, hang, leave and join while the job trains.
 
-Every job runs tests/workers/elastic_job.py, whose ranks count with an allreduce how often
+Every job runs tests/support/workers/elastic_job.py, whose ranks count with an allreduce how often
 each sample was trained on; after E epochs every count must be exactly E, however the job
 shrank, grew or rolled back (the sampler's exactly-once accounting). Tests wait on lines the
 job prints, never on sleeps.
@@ -19,11 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RunningJob, pids_alive, write_script
-from tests.leaving import assert_left_at_a_step_and_got_no_successor
+from tests.support.leaving import assert_left_at_a_step_and_got_no_successor
+from tests.support.paths import DISCOVERY_SCRIPTS, WORKERS
+from tests.support.processes import pids_alive
+from tests.support.running_job import RunningJob
+from tests.support.scripts import write_script
 
-JOB = Path(__file__).parent / "workers" / "elastic_job.py"
-HOSTS_FILE_SCRIPT = Path(__file__).parent.parent / "discovery_scripts" / "hosts_file.sh"
+JOB = WORKERS / "elastic_job.py"
+HOSTS_FILE_SCRIPT = DISCOVERY_SCRIPTS / "hosts_file.sh"
 
 pytestmark = pytest.mark.timeout(120)
 

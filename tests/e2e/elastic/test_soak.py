@@ -1,9 +1,9 @@
 """The fault soak: one elastic job under a seeded random stream of overlapping faults.
 
-The job (tests/workers/soak_job.py) trains on two local host names found by
+The job (tests/support/workers/soak_job.py) trains on two local host names found by
 discovery_scripts/hosts_file.sh, with its state in a real etcd (the `etcd` fixture), while
-tests/soak.py SIGKILLs, SIGSTOPs and SIGTERMs workers, takes hosts out of discovery, SIGKILLs
-and restarts the driver and etcd, and hits the last worker holding the training state. Then
+tests/support/soak.py SIGKILLs, SIGSTOPs and SIGTERMs workers, takes hosts out of discovery,
+SIGKILLs and restarts the driver and etcd, and hits the last worker holding the training state. Then
 it checks what a user would check:
 
 - the launcher exits 0;
@@ -35,8 +35,8 @@ from typing import Any
 
 import pytest
 
-from tests.etcd_server import EtcdServer
-from tests.soak import (
+from tests.support.etcd_server import EtcdServer
+from tests.support.soak import (
     EXPLAINED_RESET,
     SOAK_JOB,
     Soak,

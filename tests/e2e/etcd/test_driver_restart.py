@@ -20,9 +20,15 @@ import pytest
 
 from elastic.driver.job_file import runtime_dir
 from elastic.protocol.http import JobStatus
-from tests.conftest import ELASTICRUN, RunningJob, pids_alive
-from tests.etcd_server import EtcdServer, JobLock
-from tests.test_elastic import ONE_WORKER_FAILS, assert_exactly_once, job_args, ranks_to_pids
+from tests.e2e.elastic.test_elastic import (
+    ONE_WORKER_FAILS,
+    assert_exactly_once,
+    job_args,
+    ranks_to_pids,
+)
+from tests.support.etcd_server import EtcdServer, JobLock
+from tests.support.processes import pids_alive
+from tests.support.running_job import ELASTICRUN, RunningJob
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -19,7 +19,7 @@ from elastic.driver.journal.etcd import EtcdBackend
 from elastic.driver.launch.host_access import HostAccess
 from elastic.driver.launch.ssh import SshOptions
 from elastic.protocol.etcd import EtcdOptions, parse_endpoints
-from tests.etcd_server import EtcdServer
+from tests.support.etcd_server import EtcdServer
 
 BLOCKED = 0.2  # seconds of lateness that count as a blocked loop
 TICK = 0.02

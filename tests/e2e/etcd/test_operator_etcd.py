@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 
 from elastic.protocol.http import JobStatus
-from tests.conftest import ELASTICRUN, pids_alive
-from tests.etcd_server import EtcdServer
+from tests.support.etcd_server import EtcdServer
+from tests.support.paths import WORKERS
+from tests.support.processes import pids_alive
+from tests.support.running_job import ELASTICRUN
 
-JOB = Path(__file__).parent / "workers" / "elastic_job.py"
+JOB = WORKERS / "elastic_job.py"
 
 
 def command(

@@ -13,7 +13,7 @@ import pytest
 from elastic.driver.journal.backend import BackendError, ClaimLost, JobLocked
 from elastic.driver.journal.etcd import EtcdBackend
 from elastic.protocol.etcd import EtcdOptions, parse_endpoints
-from tests.etcd_server import EtcdServer, JobLock
+from tests.support.etcd_server import EtcdServer, JobLock
 
 
 def options(etcd: EtcdServer) -> EtcdOptions:

@@ -37,11 +37,11 @@ from elastic.worker.driver_link.control_client import ControlClient
 from elastic.worker.driver_link.http_client import DriverClient, DriverError
 from elastic.worker.driver_link.locator import DriverLocator
 from elastic.worker.driver_link.membership_events import MembershipEvents
-from tests.conftest import RunningJob
-from tests.etcd_server import EtcdServer, free_port
-from tests.test_control import RecordingListener
-from tests.test_elastic import ONE_WORKER_FAILS, job_args, ranks_to_pids
-from tests.test_tls import Loop
+from tests.e2e.elastic.test_elastic import ONE_WORKER_FAILS, job_args, ranks_to_pids
+from tests.support.etcd_server import EtcdServer, free_port
+from tests.support.running_job import RunningJob
+from tests.unit.driver.control.test_control import RecordingListener
+from tests.unit.driver.server.test_tls import Loop
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.workers.collectives_job import inputs
+from tests.support.paths import WORKERS
+from tests.support.workers.collectives_job import inputs
 
-JOB = Path(__file__).parent / "workers" / "collectives_job.py"
+JOB = WORKERS / "collectives_job.py"
 
 
 def expected(size: int) -> dict[str, object]:
@@ -92,12 +93,12 @@ def _check(key: str, got: object, want: object, rank: int) -> None:
         )
 
 
-SEMANTICS_JOB = Path(__file__).parent / "workers" / "horovod_semantics_job.py"
+SEMANTICS_JOB = WORKERS / "horovod_semantics_job.py"
 
 
 def _sparse_reference(size: int, optimizer_kind: str) -> torch.Tensor:
     """The sparse embedding trained in one process on the ranks' averaged gradients."""
-    from tests.workers.horovod_semantics_job import STEPS, embedding, inputs
+    from tests.support.workers.horovod_semantics_job import STEPS, embedding, inputs
 
     model = embedding()
     if optimizer_kind == "sparse_adam":

@@ -1,6 +1,6 @@
 """Horovod's own elastic scenarios, run as its integration tests run them, under elasticrun.
 
-Each job runs tests/workers/horovod_elastic_job.py (a worker like Horovod's
+Each job runs tests/support/workers/horovod_elastic_job.py (a worker like Horovod's
 `elastic_torch_main.py`, with elasticrun's import) with Horovod's flags, discovery schedules
 and exit schedules: the discovery script reads how many epochs rank 0 has logged and prints
 that epoch's hosts, as Horovod's test template does. What is asserted is what Horovod's
@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RunningJob
+from tests.support.paths import WORKERS
+from tests.support.running_job import RunningJob
 
-WORKER = Path(__file__).parent / "workers" / "horovod_elastic_job.py"
+WORKER = WORKERS / "horovod_elastic_job.py"
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -3,7 +3,7 @@
 say what `hvd.rank()`, `hvd.size()`, ... say; a worker that joins a running job gets them
 in `hvd.init()`, not from the driver's own environment.
 
-Every job runs tests/workers/env_job.py, which prints `env PHASE {json}` lines.
+Every job runs tests/support/workers/env_job.py, which prints `env PHASE {json}` lines.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RunningJob
-from tests.test_elastic import ONE_WORKER_FAILS, discovery_args, write_hosts
+from tests.e2e.elastic.test_elastic import ONE_WORKER_FAILS, discovery_args, write_hosts
+from tests.support.paths import WORKERS
+from tests.support.running_job import RunningJob
 
-JOB = Path(__file__).parent / "workers" / "env_job.py"
+JOB = WORKERS / "env_job.py"
 NAMES = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")
 # A driver started with rank variables of its own (from inside another job, say): they
 # must reach no worker.

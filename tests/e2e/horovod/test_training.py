@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.workers.training_job import GLOBAL_BATCH, reference
+from tests.support.paths import WORKERS
+from tests.support.workers.training_job import GLOBAL_BATCH, reference
 
-JOB = Path(__file__).parent / "workers" / "training_job.py"
+JOB = WORKERS / "training_job.py"
 STEPS = 10
 
 

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import processes_naming
-
-EXAMPLES = Path(__file__).parent.parent / "examples"
+from tests.support.paths import EXAMPLES
+from tests.support.processes import processes_naming
 
 
 @pytest.mark.parametrize(

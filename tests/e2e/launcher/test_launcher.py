@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import pids_alive, processes_naming, write_script
+from tests.support.processes import pids_alive, processes_naming
+from tests.support.scripts import write_script
 
 SLEEPER = """\
 import os, sys, time

@@ -15,11 +15,11 @@ import pytest
 import elastic
 from elastic.driver.errors import UsageError
 from elastic.function_job import launcher_flags
-from tests.conftest import pids_alive
+from tests.support.processes import pids_alive
 
 CALLER = """
 import sys, elastic
-from tests.test_run_job import wait_forever
+from tests.e2e.launcher.test_run_job import wait_forever
 try:
     elastic.run_job(wait_forever, args=(sys.argv[1],), np=2)
 except KeyboardInterrupt:

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_script
+from tests.support.paths import WORKERS
+from tests.support.scripts import write_script
 
 pytestmark = pytest.mark.timeout(240)
 
-WORKERS = Path(__file__).parent / "workers"
 # Ranks 0 and 1 on localhost, rank 2 on 127.0.0.1: the victim's host (in cooldown for the
 # rest of the job) takes no survivor with it.
 TWO_HOSTS = ["-H", "localhost:2,127.0.0.1:1", "--blacklist-cooldown-range", "300", "300"]

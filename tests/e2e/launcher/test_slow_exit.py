@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RunningJob, write_script
-from tests.test_elastic import assert_exactly_once, job_args, ranks_to_pids
+from tests.e2e.elastic.test_elastic import assert_exactly_once, job_args, ranks_to_pids
+from tests.support.running_job import RunningJob
+from tests.support.scripts import write_script
 
 pytestmark = pytest.mark.timeout(180)
 

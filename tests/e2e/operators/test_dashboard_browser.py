@@ -21,10 +21,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ELASTICRUN, RunningJob
-from tests.prerequisites import Machine, missing_browser
+from tests.support.paths import WORKERS
+from tests.support.prerequisites import Machine, missing_browser
+from tests.support.running_job import ELASTICRUN, RunningJob
 
-WORKERS = Path(__file__).parent / "workers"
 Rows = list[dict[str, str]]
 ROWS = """
 return [...document.querySelectorAll(`#${arguments[0]} tbody tr`)].map(

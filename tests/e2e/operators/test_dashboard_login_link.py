@@ -25,7 +25,9 @@ import pytest
 from elastic.driver.job_file import find_job
 from elastic.driver.logs import LogTail, terminal_handlers
 from elastic.protocol.http import JobStatus
-from tests.conftest import ELASTICRUN, RunningJob, processes_naming, write_script
+from tests.support.processes import processes_naming
+from tests.support.running_job import ELASTICRUN, RunningJob
+from tests.support.scripts import write_script
 
 LINK = re.compile(r"https?://\S+/ui/login\?code=[\w-]+")
 HINT = re.compile(r"dashboard: no login link .*`elasticrun status --login --job-id ([\w.-]+)`")

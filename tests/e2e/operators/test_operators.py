@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import RunningJob
+from tests.support.paths import WORKERS
+from tests.support.running_job import RunningJob
 
-WORKERS = Path(__file__).parent / "workers"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 

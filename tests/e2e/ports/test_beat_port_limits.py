@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,10 +31,10 @@ from elastic.driver.server.tls import TlsIdentity
 from elastic.protocol.beats import beat_frame, hello_frame
 from elastic.protocol.pinning import pinned_ssl_context
 from elastic.worker.driver_link.heartbeats import BeatSender, BeatTarget
-from tests.loop_thread import Loop
-from tests.test_control import RecordingListener, wait_until
+from tests.support.loop_thread import Loop
+from tests.support.paths import REPOSITORY as ROOT
+from tests.unit.driver.control.test_control import RecordingListener, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "beats-token"
 BEATS_LOGGER = "elastic.driver.control.heartbeat_port"
 
@@ -384,7 +383,7 @@ FEW_DESCRIPTORS = r"""
 import asyncio, logging, resource, socket, sys, time
 from elastic.driver.control.heartbeat_port import BeatServer
 from elastic.driver.control.port_limits import BeatPortLimits
-from tests.test_control import RecordingListener
+from tests.unit.driver.control.test_control import RecordingListener
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))

@@ -17,9 +17,9 @@ from elastic.driver.control.server import ControlServer
 from elastic.driver.descriptors import descriptor_budget
 from elastic.worker.driver_link.control_client import ControlClient
 from elastic.worker.driver_link.membership_events import HostsUpdate
-from tests import test_control
-from tests.test_beat_port_limits import SILENT, first_line, last_line, open_files, python
-from tests.test_control import INTERVAL, TOKEN, start_client, wait_until
+from tests.e2e.ports.test_beat_port_limits import SILENT, first_line, last_line, open_files, python
+from tests.unit.driver.control import test_control
+from tests.unit.driver.control.test_control import INTERVAL, TOKEN, start_client, wait_until
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # an HTTP/2 client's first bytes
 SETTINGS = bytes.fromhex("000000040000000000")  # an empty SETTINGS frame

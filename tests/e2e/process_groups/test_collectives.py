@@ -12,7 +12,7 @@ import elastic.torch as hvd
 from elastic.worker.collectives.compression import Compression
 from elastic.worker.context import NotInitializedError, current
 from elastic.worker.errors import CollectiveArgumentError
-from tests.worker_group import run_group
+from tests.support.worker_group import run_group
 
 OPS = {"average": hvd.Average, "sum": hvd.Sum, "min": hvd.Min, "max": hvd.Max, "prod": hvd.Product}
 

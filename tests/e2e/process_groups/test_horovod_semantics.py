@@ -13,7 +13,7 @@ import torch
 
 import elastic.torch as hvd
 from elastic.worker.context import current
-from tests.worker_group import run_group
+from tests.support.worker_group import run_group
 
 DTYPES = [
     torch.uint8,

@@ -21,7 +21,7 @@ from elastic.worker.training.state_broadcasts import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-from tests.worker_group import run_group
+from tests.support.worker_group import run_group
 
 STEPS = 3
 BATCH = 4  # rows per rank and backward pass

@@ -24,7 +24,7 @@ from elastic.worker.collectives.allreduces import allreduce
 from elastic.worker.collectives.reduce_ops import Sum
 from elastic.worker.driver_link.membership_events import HostsUpdate, MembershipEvents
 from elastic.worker.errors import HostsUpdatedInterrupt, WorkerLostError
-from tests.worker_group import activate_on_one_host, run_group
+from tests.support.worker_group import activate_on_one_host, run_group
 
 N = 101  # samples in the sampler tests: not divisible by 2, 3 or the batch size
 BATCH = 3

@@ -1,9 +1,10 @@
 """Remote (ssh) workers of a job whose state outlives the driver (`--backend etcd`): they run
 detached on their host and outlive a killed driver; a restarted one re-adopts them through ssh.
 
-Real processes only: `elasticrun` as a user runs it, a real sshd on 127.0.0.2 (tests/sshd.py,
-whose logins have a $TMPDIR of their own, as another host's would), a real etcd, the ssh agent
-run as the driver runs it, faults injected by signals and by hosts that do not answer.
+Real processes only: `elasticrun` as a user runs it, a real sshd on 127.0.0.2
+(tests/support/sshd.py, whose logins have a $TMPDIR of their own, as another host's would), a real
+etcd, the ssh agent run as the driver runs it, faults injected by signals and by hosts that do not
+answer.
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ from elastic.driver.launch.launcher import Adoption, HostFolder, WorkerSpec
 from elastic.driver.launch.relay_frames import frame_line
 from elastic.driver.launch.ssh import SshLauncher, SshOptions
 from elastic.driver.launch.ssh_detached import HEADER_GRACE
-from tests.conftest import RunningJob, pids_alive, processes_naming, write_script
-from tests.etcd_server import EtcdServer
-from tests.test_driver_restart import (
+from tests.e2e.elastic.test_elastic import assert_exactly_once, job_args, ranks_to_pids
+from tests.e2e.etcd.test_driver_restart import (
     durable_args,
     job_file_token,
     kill_a_worker_while_the_driver_is_away,
@@ -38,12 +38,15 @@ from tests.test_driver_restart import (
     status,
     wait_for_file_line,
 )
-from tests.test_elastic import assert_exactly_once, job_args, ranks_to_pids
+from tests.support.etcd_server import EtcdServer
+from tests.support.processes import pids_alive, processes_naming
+from tests.support.running_job import RunningJob
+from tests.support.scripts import write_script
 
 if TYPE_CHECKING:
-    from tests.sshd import SshServer
+    from tests.support.sshd import SshServer
 
-pytest_plugins = ["tests.sshd"]
+pytest_plugins = ["tests.support.sshd"]
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(120)]
 
 REMOTE = "127.0.0.2"  # routes to loopback, no interface's address: reached through ssh

@@ -1,4 +1,4 @@
-"""`elasticrun` with a host reached through a real sshd (tests/sshd.py) on 127.0.0.2.
+"""`elasticrun` with a host reached through a real sshd (tests/support/sshd.py) on 127.0.0.2.
 
 Real processes only: the launcher as a user runs it, workers that print what the test waits
 for, faults injected by signals and by hosts that do not answer.
@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.conftest import RunningJob, processes_naming, write_script
+from tests.support.processes import processes_naming
+from tests.support.running_job import RunningJob
+from tests.support.scripts import write_script
 
 if TYPE_CHECKING:
-    from tests.sshd import SshServer
+    from tests.support.sshd import SshServer
 
-pytest_plugins = ["tests.sshd"]
+pytest_plugins = ["tests.support.sshd"]
 pytestmark = [pytest.mark.ssh, pytest.mark.timeout(60)]
 
 REMOTE = "127.0.0.2"  # routes to loopback, no interface's address: reached through ssh

@@ -8,13 +8,12 @@ import importlib
 import inspect
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from bench.catalog import BENCHMARKS, find
+from tests.support.paths import REPOSITORY as ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 NOT_BENCHMARKS = {"__init__", "__main__", "catalog"}  # the suite's own modules in bench/
 
 

@@ -16,7 +16,7 @@ from elastic.driver.descriptors import (
     WANTED_OPEN_FILES,
     descriptor_budget,
 )
-from tests.test_beat_port_limits import ROOT
+from tests.support.paths import REPOSITORY as ROOT
 
 
 @pytest.mark.parametrize("limit", [300, 1_024, 4_096, 20_000, 65_536, 1_048_576])

@@ -28,9 +28,10 @@ from elastic.driver.logs import (
     tags,
     utc_time,
 )
-from tests.conftest import RunningJob, write_script
+from tests.support.paths import WORKERS
+from tests.support.running_job import RunningJob
+from tests.support.scripts import write_script
 
-WORKERS = Path(__file__).parent / "workers"
 KEYS = {"time", "level", "round", "rank", "host", "event", "message"}
 ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 TEXT_LINE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.\d{3}Z elasticrun: ")

@@ -1,1 +1,2 @@
-"""elastic/protocol: what driver and worker agree on (heartbeat frames, the worker's environment)."""
+"""elastic/protocol: what driver and worker agree on (heartbeat frames, the worker's
+environment)."""

@@ -25,8 +25,8 @@ from elastic.protocol.beats import (
     take_frames,
 )
 from elastic.worker.driver_link.heartbeats import BeatSender, BeatTarget
-from tests.loop_thread import Loop
-from tests.test_control import RecordingListener
+from tests.support.loop_thread import Loop
+from tests.unit.driver.control.test_control import RecordingListener
 
 TOKEN = "beats-token"
 

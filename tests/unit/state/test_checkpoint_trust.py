@@ -31,9 +31,10 @@ from elastic.state import ElasticSampler, ObjectState, TorchState
 from elastic.state.durable import CheckpointDir, CheckpointRefused
 from elastic.state.loadable import UnloadableCommit
 from elastic.state.private_dir import UntrustedDirectory
-from tests.worker_group import run_group
+from tests.support.paths import WORKERS
+from tests.support.worker_group import run_group
 
-ELASTIC_JOB = Path(__file__).parent / "workers" / "elastic_job.py"
+ELASTIC_JOB = WORKERS / "elastic_job.py"
 
 
 class Planted:

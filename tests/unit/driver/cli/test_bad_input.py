@@ -20,7 +20,7 @@ from elastic.driver.discovery.hosts import (
 )
 from elastic.driver.errors import MAX_SECONDS, UsageError, seconds
 from elastic.driver.policy.planning import free_slots
-from tests.conftest import write_script
+from tests.support.scripts import write_script
 
 HUGE = "1" + "0" * 29  # 30 digits: -np 1e29 once grew the driver to 2.5 GB in 12 s
 

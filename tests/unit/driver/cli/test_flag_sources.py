@@ -11,7 +11,7 @@ import pytest
 from elastic.driver.cli.main import parse_settings
 from elastic.driver.discovery.hosts import HostSpec
 from elastic.driver.errors import UsageError
-from tests.conftest import ELASTICRUN
+from tests.support.running_job import ELASTICRUN
 
 COMMAND = ["python", "train.py"]
 

@@ -34,10 +34,11 @@ from elastic.protocol.http import (
     StallReport,
     WorkerStatus,
 )
-from tests.conftest import ELASTICRUN, RunningJob
+from tests.support.paths import REPOSITORY as ROOT
+from tests.support.paths import WORKERS
+from tests.support.running_job import ELASTICRUN, RunningJob
 
-ROOT = Path(__file__).resolve().parent.parent
-JOB = ROOT / "tests" / "workers" / "elastic_job.py"
+JOB = WORKERS / "elastic_job.py"
 HOSTS_FILE_SCRIPT = ROOT / "discovery_scripts" / "hosts_file.sh"
 STEP = re.compile(r"\[(\d+)\]<stdout>:step (\d+) epoch \d+ size (\d+) rank \d+")
 

@@ -1,1 +1,2 @@
-"""elastic/driver/control: the gRPC control service, channels, liveness watch, heartbeats' inputs."""
+"""elastic/driver/control: the gRPC control service, channels, liveness watch, heartbeats'
+inputs."""

@@ -38,9 +38,9 @@ from elastic.protocol.beats import (
 from elastic.protocol.http import SlotInfo
 from elastic.worker.driver_link.control_client import ControlClient, ControlError, WorkerEvicted
 from elastic.worker.driver_link.membership_events import HostsUpdate, MembershipEvents, Offer
-from tests.loop_thread import Loop
+from tests.support.loop_thread import Loop
+from tests.support.paths import REPOSITORY as ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "s3cret-control-token"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 INTERVAL = 0.1

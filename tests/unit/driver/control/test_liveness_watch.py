@@ -15,7 +15,7 @@ from elastic.driver.control.liveness_watch import LivenessWatch
 from elastic.driver.policy.liveness import Limits, Verdict
 from elastic.driver.reports import Judged, Report, Tick
 from elastic.driver.workers import Worker
-from tests.policy_views import M, worker
+from tests.support.policy_views import M, worker
 
 INTERVAL = 0.1  # heartbeat interval: the watch looks this often
 LIMITS = Limits(heartbeat_interval=INTERVAL, stop_grace=10.0, start_timeout=600.0)

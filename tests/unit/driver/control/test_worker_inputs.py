@@ -11,7 +11,7 @@ from elastic.driver.control.channels import ControlChannels
 from elastic.driver.control.inputs import WorkerInputs
 from elastic.driver.reports import Heard, LeaveAsked, Report
 from elastic.driver.workers import Worker
-from tests.policy_views import LV, F, L, M, S, X, worker
+from tests.support.policy_views import LV, F, L, M, S, X, worker
 
 ROUND = 4  # the driver's newest round
 

@@ -26,9 +26,10 @@ from elastic.driver.discovery import (
 )
 from elastic.driver.discovery.cooldown import Cooldown
 from elastic.driver.discovery.hosts import HostSpec
-from tests.conftest import pids_alive, processes_naming
+from tests.support.paths import DISCOVERY_SCRIPTS
+from tests.support.processes import pids_alive, processes_naming
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "discovery_scripts"
+SCRIPTS = DISCOVERY_SCRIPTS
 
 
 def H(text: str) -> list[HostSpec]:  # noqa: N802

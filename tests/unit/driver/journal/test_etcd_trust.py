@@ -43,10 +43,16 @@ from elastic.driver.journal.resume import SavedJobRefused, check_saved
 from elastic.protocol.etcd import DriverAddress, connect
 from elastic.protocol.etcd_trust import token_check
 from elastic.worker.driver_link.locator import DriverLocator
-from tests.conftest import ELASTICRUN, RunningJob, pids_alive
-from tests.etcd_server import EtcdServer, EtcdTls
-from tests.prerequisites import Machine, missing_etcd
-from tests.test_elastic import ONE_WORKER_FAILS, assert_exactly_once, job_args, ranks_to_pids
+from tests.e2e.elastic.test_elastic import (
+    ONE_WORKER_FAILS,
+    assert_exactly_once,
+    job_args,
+    ranks_to_pids,
+)
+from tests.support.etcd_server import EtcdServer, EtcdTls
+from tests.support.prerequisites import Machine, missing_etcd
+from tests.support.processes import pids_alive
+from tests.support.running_job import ELASTICRUN, RunningJob
 
 pytestmark = pytest.mark.timeout(180)
 

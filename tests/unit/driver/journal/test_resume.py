@@ -26,7 +26,7 @@ from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.settings import BackendSettings, ElasticSettings, Settings
 from elastic.driver.workers import Worker
 from elastic.protocol.etcd_trust import token_check
-from tests.policy_views import LV, F, L, M, X, worker
+from tests.support.policy_views import LV, F, L, M, X, worker
 
 TOKEN = "s3cret-token-value-" + "v" * 20
 COOLDOWN = 10.0  # seconds a failed host is excluded (no jitter: the range is one value)

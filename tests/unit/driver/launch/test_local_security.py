@@ -22,8 +22,8 @@ from elastic.driver.errors import LaunchError
 from elastic.driver.launch.detached import prepare_log_dir
 from elastic.driver.launch.output import OutputSink, folder_mode
 from elastic.driver.launch.private_files import open_private, private_dir
-from tests.etcd_server import EtcdServer
-from tests.prerequisites import CI_IS_ROOT
+from tests.support.etcd_server import EtcdServer
+from tests.support.prerequisites import CI_IS_ROOT
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -23,7 +23,7 @@ from elastic.driver.policy.causes import Cause
 from elastic.driver.policy.leaving import asked, handovers, leave
 from elastic.driver.policy.phase import Phase
 from elastic.protocol.leave import EXITING, FINISHED
-from tests.policy_views import ELASTIC, LV, F, L, M, S, X, kinds, view, worker
+from tests.support.policy_views import ELASTIC, LV, F, L, M, S, X, kinds, view, worker
 
 WHY = "host a was removed by discovery"
 

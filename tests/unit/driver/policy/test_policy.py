@@ -43,7 +43,7 @@ from elastic.driver.policy.host_changes import (
 from elastic.driver.policy.phase import Phase
 from elastic.driver.policy.planning import Start, start_check
 from elastic.driver.policy.view import FleetLoss
-from tests.policy_views import ELASTIC, LV, NOW, F, L, M, S, X, kinds, view, worker
+from tests.support.policy_views import ELASTIC, LV, NOW, F, L, M, S, X, kinds, view, worker
 
 
 def formed(decision: Decision) -> tuple[str, ...] | None:

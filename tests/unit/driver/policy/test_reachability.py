@@ -18,7 +18,7 @@ from elastic.worker.group.reachability import (
     probe_targets,
     silent_peers,
 )
-from tests.policy_views import NOW, M, view, worker
+from tests.support.policy_views import NOW, M, view, worker
 
 # --- which host goes (pure) ----------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from elastic.driver.policy.worker_events import (
 )
 from elastic.driver.settings import FailureScope
 from elastic.protocol.http import CollectiveStatus, StalledRank, StallReport
-from tests.policy_views import ELASTIC, LV, NOW, L, M, S, kinds, view, worker
+from tests.support.policy_views import ELASTIC, LV, NOW, L, M, S, kinds, view, worker
 
 
 def ended(worker_id: str, state=M, code: int | None = 1, killed_by: int | None = None, **kw):

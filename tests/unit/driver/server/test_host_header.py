@@ -21,8 +21,8 @@ from elastic.driver.cli.main import parse_settings
 from elastic.driver.errors import UsageError
 from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.host_check import AllowedHosts
-from tests.conftest import RunningJob
-from tests.test_http_api import AUTH, make_services
+from tests.support.running_job import RunningJob
+from tests.unit.driver.server.test_http_api import AUTH, make_services
 
 
 async def scrape() -> bytes:

@@ -15,8 +15,8 @@ import pytest
 
 from elastic.driver.server.auth import LOGIN_BODY_BYTES
 from elastic.driver.server.connections import MAX_PER_PEER, ConnectionLimits
-from tests.test_http_api import AUTH, TOKEN
-from tests.test_http_limits import closed_within, serving, wait_until
+from tests.unit.driver.server.test_http_api import AUTH, TOKEN
+from tests.unit.driver.server.test_http_limits import closed_within, serving, wait_until
 
 IDLE = 1.0  # the idle timeout these tests serve with
 

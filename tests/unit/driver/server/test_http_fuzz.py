@@ -26,7 +26,7 @@ from elastic.driver.server.app import create_app
 from elastic.driver.server.limits import MAX_BODY_BYTES
 from elastic.driver.server.services import Services
 from elastic.protocol.http import HostStatus, JobStatus
-from tests.test_http_api import AUTH, TOKEN, serving
+from tests.unit.driver.server.test_http_api import AUTH, TOKEN, serving
 
 WAIT_CAP = 0.01  # seconds: fuzzed timeouts go up to an hour; the backends wait this long at most
 FUZZ = settings(

@@ -19,7 +19,7 @@ from elastic.driver.rendezvous.memory_store import MemoryKeyValueStore
 from elastic.driver.rendezvous.store import INT64_MAX, INT64_MIN
 from elastic.driver.server.app import HttpServer, create_app
 from elastic.driver.server.connections import ConnectionLimits
-from tests.test_http_api import AUTH, make_services
+from tests.unit.driver.server.test_http_api import AUTH, make_services
 
 IDLE = 1.0  # the idle timeout these tests serve with
 

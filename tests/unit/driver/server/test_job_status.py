@@ -12,7 +12,7 @@ from elastic.driver.server.app import create_app
 from elastic.driver.server.services import Services
 from elastic.driver.server.status import describe_job
 from elastic.protocol.http import DecisionRecord, DurableStatus, HostStatus, JobStatus
-from tests.policy_views import F, L, M, worker
+from tests.support.policy_views import F, L, M, worker
 
 TOKEN = "s3cret-token-value"
 HOSTS = [HostStatus(hostname="a", slots=2), HostStatus(hostname="b", slots=1, state="drained")]

@@ -34,8 +34,8 @@ from elastic.worker.driver_link import transport
 from elastic.worker.driver_link.control_client import ControlClient
 from elastic.worker.driver_link.membership_events import MembershipEvents
 from elastic.worker.driver_link.transport import control_channel, http_client
-from tests.loop_thread import Loop
-from tests.test_control import RecordingListener
+from tests.support.loop_thread import Loop
+from tests.unit.driver.control.test_control import RecordingListener
 
 TOKEN = "s3cret-tls-token"
 TIMEOUT = httpx.Timeout(5.0)

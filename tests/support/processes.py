@@ -1,0 +1,35 @@
+"""The processes of this machine, read from /proc: which are still alive, which name a file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _state(pid: int | str) -> str | None:
+    """The state letter of process `pid` ("Z" for a zombie); None if there is none."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return None
+
+
+def pids_alive(pids: list[int]) -> list[int]:
+    """Those of `pids` that are processes still running (not zombies)."""
+    return [pid for pid in pids if _state(pid) not in (None, "Z")]
+
+
+def processes_naming(marker: str) -> dict[int, list[str]]:
+    """Live (non-zombie) processes, other than this one, whose command line contains
+    `marker`, with their command lines."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(marker in arg for arg in argv) and _state(entry.name) not in (None, "Z"):
+            found[int(entry.name)] = argv
+    return found
