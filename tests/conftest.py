@@ -66,8 +66,33 @@ def silent_port() -> Iterator[int]:
         yield listener.getsockname()[1]
 
 
+E2E_FOLDERS = frozenset({"e2e", "multihost", "gpu"})
+"""Folders of tests/ whose every test runs real processes."""
+REAL_PROCESS_FIXTURES = frozenset({"elasticrun", "etcd", "sshd", "bed", "bed_job", "browser"})
+"""Fixtures that start real processes (a job, etcd, sshd, a bed's hosts, a browser): a test
+that takes one is an `e2e` test wherever it is."""
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `slow` (the full fault soak) run only with ELASTIC_SLOW_TESTS=1."""
+    """The markers (listed in pyproject.toml) that follow from where a test is and what it
+    takes, added before `-m` selects: `e2e` for every test under tests/e2e, tests/multihost
+    and tests/gpu and for one that takes a real-process fixture, `gpu` under tests/gpu,
+    `root` beside `multihost`, `browser` and `ssh` for the fixtures of those names. Then
+    tests marked `slow` (the full soaks) are skipped unless ELASTIC_SLOW_TESTS=1."""
+    tests = Path(__file__).parent
+    for item in items:
+        folder = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if folder in E2E_FOLDERS or fixtures & REAL_PROCESS_FIXTURES:
+            item.add_marker(pytest.mark.e2e)
+        if folder == "gpu":
+            item.add_marker(pytest.mark.gpu)
+        if item.get_closest_marker("multihost"):
+            item.add_marker(pytest.mark.root)
+        for fixture, marker in (("browser", pytest.mark.browser), ("sshd", pytest.mark.ssh)):
+            if fixture in fixtures:
+                item.add_marker(marker)
     if os.environ.get("ELASTIC_SLOW_TESTS") == "1":
         return
     skip = pytest.mark.skip(reason="slow: set ELASTIC_SLOW_TESTS=1 to run it")

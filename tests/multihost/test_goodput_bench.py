@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TRACE = "ms,live_nodes\n0,32\n900000,21\n2160000,32\n3600000,32\n"
 
 
+@pytest.mark.multihost
 @pytest.mark.timeout(300)
 def test_goodput_writes_every_figure(tmp_path: Path) -> None:
     if reason := missing_prerequisite():

@@ -187,6 +187,7 @@ def _resume(url: str) -> dict[str, Any]:
     return {"value": state.value, "count": state.commit_count}
 
 
+@pytest.mark.e2e
 def test_a_worker_that_finds_only_unusable_checkpoints_starts_from_scratch(
     tmp_path: Path,
 ) -> None:
@@ -235,6 +236,7 @@ def test_a_directory_others_may_write_is_refused_saying_what_to_do(
     assert directory.commits() == [1]
 
 
+@pytest.mark.root
 def test_a_directory_of_another_user_is_refused(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("giving a directory to another user (uid 65534) needs root")
@@ -249,6 +251,7 @@ def test_a_directory_of_another_user_is_refused(tmp_path: Path) -> None:
         CheckpointDir(str(path)).write(2, _good("again"))
 
 
+@pytest.mark.e2e
 def test_a_state_in_a_directory_others_may_write_trains_on_without_it(tmp_path: Path) -> None:
     """Refused directory, real workers: nothing is loaded from it, the workers live."""
     url, marker = str(tmp_path / "ckpt"), tmp_path / "planted-code-ran"
@@ -327,6 +330,7 @@ def _commit_a_value_no_checkpoint_holds(url: str, trust: bool) -> dict[str, Any]
     return {"written": state.durable.written}
 
 
+@pytest.mark.e2e
 def test_a_commit_holding_what_a_checkpoint_cannot_hold_fails_on_every_rank_at_once(
     tmp_path: Path,
 ) -> None:
@@ -341,6 +345,7 @@ def test_a_commit_holding_what_a_checkpoint_cannot_hold_fails_on_every_rank_at_o
     assert CheckpointDir(url).commits() == [1], "nothing unloadable was written"
 
 
+@pytest.mark.e2e
 def test_trusting_pickles_lets_a_commit_hold_any_object_and_loads_it_back(
     tmp_path: Path,
 ) -> None:

@@ -168,6 +168,7 @@ print("exiting", flush=True)
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("exit_wait", [30.0, 0.1])
 def test_a_process_that_exits_lets_the_write_in_flight_finish_within_a_bound(
     tmp_path: Path, exit_wait: float
@@ -277,6 +278,7 @@ def _start_fresh(directory: str) -> dict[str, Any]:
     return _digest(state)
 
 
+@pytest.mark.e2e
 def test_a_job_that_lost_every_worker_resumes_from_the_newest_durable_commit(
     tmp_path: Path,
 ) -> None:
@@ -301,6 +303,7 @@ def _resume_with_one_live_rank(directory: str) -> dict[str, Any]:
     return {"value": state.value, "count": state.commit_count}
 
 
+@pytest.mark.e2e
 def test_a_live_worker_with_a_newer_commit_wins_over_the_durable_one(tmp_path: Path) -> None:
     directory = CheckpointDir(str(tmp_path))
     directory.write(4, {"objects": {"value": "durable"}})

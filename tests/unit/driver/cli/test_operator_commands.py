@@ -270,6 +270,7 @@ def test_drain_lets_a_host_go_at_a_step_undrain_brings_it_back_stop_ends_the_job
     assert command(["status"], runtime).returncode == 1  # gone with its job file
 
 
+@pytest.mark.e2e
 def test_commands_without_a_job_say_so_in_one_line(runtime: dict[str, str]) -> None:
     for args in (["status"], ["stop"], ["drain", "a"]):
         done = command(args, runtime)

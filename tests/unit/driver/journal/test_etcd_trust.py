@@ -203,6 +203,7 @@ def secure_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
     yield from secured_etcd(tmp_path, auth_token_ttl=1)
 
 
+@pytest.mark.e2e
 def test_etcd_refuses_a_client_without_the_certificate_or_the_password(
     secure_etcd: EtcdServer,
 ) -> None:
@@ -221,6 +222,7 @@ def test_etcd_refuses_a_client_without_the_certificate_or_the_password(
         connect(secure_etcd.options(cert=None, key=None, user=USER, password=PASSWORD))
 
 
+@pytest.mark.e2e
 def test_the_backend_says_what_etcd_refused_at_once(secure_etcd: EtcdServer) -> None:
     async def scenario() -> None:
         for options, expected in (
@@ -241,6 +243,7 @@ def test_the_backend_says_what_etcd_refused_at_once(secure_etcd: EtcdServer) -> 
     asyncio.run(scenario())
 
 
+@pytest.mark.e2e
 def test_a_login_etcd_forgot_is_made_again(secure_etcd: EtcdServer) -> None:
     """Idle past etcd's --auth-token-ttl (1 s here), a client's login is gone: the driver's
     backend and a worker's locator log in again instead of failing for good."""
@@ -273,6 +276,7 @@ def test_a_login_etcd_forgot_is_made_again(secure_etcd: EtcdServer) -> None:
         locator.close()
 
 
+@pytest.mark.e2e
 def test_a_password_works_without_tls_too(tmp_path: Path) -> None:
     """etcd with users but no TLS (a loopback etcd): the login travels as call metadata."""
     if reason := missing_etcd(Machine.here()):

@@ -81,6 +81,7 @@ def plant_stdout_link(root: Path, target: Path) -> None:
     os.lchown(root / "worker.1" / "stdout", NOBODY, NOBODY)
 
 
+@pytest.mark.root
 @needs_root
 @pytest.mark.parametrize(
     ("plant", "refusal"),
@@ -197,6 +198,7 @@ def test_private_dir_refuses_links_and_files(tmp_path: Path) -> None:
         private_dir(str(tmp_path / "missing" / "child"))
 
 
+@pytest.mark.root
 @needs_root
 def test_another_users_folder_or_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "theirs").mkdir()
