@@ -32,7 +32,7 @@ def newest_durable_step(directory: CheckpointDir, timeout: float = 30.0) -> tupl
     return checkpoint.commit, checkpoint.payload["objects"]["step"]
 
 
-@pytest.mark.parametrize("driver", ["kept", "restarted"])
+@pytest.mark.parametrize("driver", ["kept", pytest.param("restarted", marks=pytest.mark.slow)])
 def test_a_fleet_lost_at_once_resumes_from_its_durable_commit(
     bed: Bed, bed_job: Callable[..., BedJob], tmp_path: Path, driver: str, request
 ) -> None:

@@ -157,6 +157,7 @@ class Checks:
         assert not failed, "\n".join([*failed, *passed, transcript()[-6000:]])
 
 
+@pytest.mark.slow
 def test_a_job_under_abuse_keeps_training_answers_and_stops_cleanly(
     elasticrun: Callable[..., RunningJob], tmp_path: Path
 ) -> None:

@@ -83,6 +83,7 @@ def test_removing_the_host_of_the_only_worker_hands_its_state_to_the_replacement
     assert_exactly_once(tmp_path, epochs=4)
 
 
+@pytest.mark.slow
 def test_a_holder_that_dies_while_handing_over_is_not_waited_for(
     elasticrun, tmp_path: Path
 ) -> None:
@@ -105,7 +106,9 @@ def test_a_holder_that_dies_while_handing_over_is_not_waited_for(
 
 
 @pytest.mark.parametrize(
-    "heartbeat", ["1", "30"], ids=["heartbeat-1s", "no-heartbeat-since-commit"]
+    "heartbeat",
+    [pytest.param("1", marks=pytest.mark.slow), "30"],
+    ids=["heartbeat-1s", "no-heartbeat-since-commit"],
 )
 def test_sigterm_to_the_only_worker_hands_its_state_over_before_it_exits(
     elasticrun, tmp_path: Path, heartbeat: str
@@ -154,6 +157,7 @@ def test_a_fresh_start_after_every_holder_died_is_said_in_one_line(
     assert_exactly_once(tmp_path, epochs=3)
 
 
+@pytest.mark.slow
 def test_losing_every_worker_at_once_starts_new_ones_and_says_the_state_is_lost(
     elasticrun, tmp_path: Path
 ) -> None:
@@ -189,6 +193,7 @@ def test_a_script_that_fails_before_its_first_commit_everywhere_ends_the_job(
 # --- 2. SIGTERM while the job re-forms ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigterm_while_waiting_for_the_next_epoch_lets_the_worker_leave(
     elasticrun, tmp_path: Path
 ) -> None:
@@ -218,7 +223,7 @@ def test_sigterm_while_waiting_for_the_next_epoch_lets_the_worker_leave(
     assert not pids_alive([pids[1]])
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.05])
+@pytest.mark.parametrize("delay", [0.0, pytest.param(0.05, marks=pytest.mark.slow)])
 def test_sigterm_during_a_re_form_lets_the_worker_leave(
     elasticrun, tmp_path: Path, delay: float
 ) -> None:
@@ -331,6 +336,7 @@ def test_a_slot_freed_by_sigterm_is_refilled(elasticrun, tmp_path: Path) -> None
 # --- 5. one hung joiner does not hold a healthy one back ------------------------------------
 
 
+@pytest.mark.slow
 def test_a_hung_joiner_does_not_get_a_healthy_one_killed(elasticrun, tmp_path: Path) -> None:
     hosts = tmp_path / "hosts"
     write_hosts(hosts, "localhost:1\n")

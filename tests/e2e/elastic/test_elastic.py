@@ -59,7 +59,11 @@ def sizes_after(job: RunningJob, marker: str) -> set[int]:
     return {int(size) for size in re.findall(r"step \d+ epoch \d+ size (\d+)", after)}
 
 
-@pytest.mark.parametrize("victim", [0, 1, 2], ids=["rank0", "middle", "last"])
+@pytest.mark.parametrize(
+    "victim",
+    [pytest.param(0, marks=pytest.mark.slow), pytest.param(1, marks=pytest.mark.slow), 2],
+    ids=["rank0", "middle", "last"],
+)
 def test_a_killed_worker_leaves_the_job_training_at_a_smaller_size(
     elasticrun, tmp_path: Path, victim: int
 ) -> None:
@@ -251,7 +255,13 @@ def test_an_elastic_job_starts_on_every_offered_slot_up_to_max_np(
 @pytest.mark.parametrize(
     ("before", "after", "said", "size"),
     [
-        ("localhost:2\n127.0.0.1:1\n", "localhost:2\n", r"host 127.0.0.1 was removed", 2),
+        pytest.param(
+            "localhost:2\n127.0.0.1:1\n",
+            "localhost:2\n",
+            r"host 127.0.0.1 was removed",
+            2,
+            marks=pytest.mark.slow,
+        ),
         ("localhost:3\n", "localhost:1\n", r"leaves the job: host localhost now offers 1 slot", 1),
     ],
     ids=["host-removed", "host-offers-fewer-slots"],
@@ -298,8 +308,8 @@ def test_a_discovery_notice_makes_the_host_s_worker_leave_at_a_step_and_get_no_s
     ("script", "message"),
     [
         ("echo 'localhost:two'", "slot count in 'localhost:two' is not a number"),
-        ("exit 7", "exited with code 7"),
-        ("sleep 30", "did not finish within 1 s"),
+        pytest.param("exit 7", "exited with code 7", marks=pytest.mark.slow),
+        pytest.param("sleep 30", "did not finish within 1 s", marks=pytest.mark.slow),
     ],
     ids=["malformed", "failing", "hanging"],
 )

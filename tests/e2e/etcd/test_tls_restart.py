@@ -284,7 +284,9 @@ def user_files(tmp_path: Path) -> list[str]:
     return ["--tls-cert", str(cert), "--tls-key", str(key)]
 
 
-@pytest.mark.parametrize("certificate", ["self-signed", "user-files"])
+@pytest.mark.parametrize(
+    "certificate", [pytest.param("self-signed", marks=pytest.mark.slow), "user-files"]
+)
 def test_a_tls_job_survives_a_driver_restart_with_no_key_in_etcd(
     elasticrun, etcd: EtcdServer, tmp_path: Path, certificate: str
 ) -> None:

@@ -53,15 +53,22 @@ def expected(size: int) -> dict[str, object]:
     ("np", "hosts", "coords"),
     [
         (1, "localhost:1", [(0, 1, 0, 1, 0, 1)]),
-        (2, "localhost:2", [(0, 2, 0, 2, 0, 1), (1, 2, 1, 2, 0, 1)]),
-        (2, "localhost:1,127.0.0.1:1", [(0, 2, 0, 1, 0, 2), (1, 2, 0, 1, 1, 2)]),
-        (3, "localhost:3", None),
+        pytest.param(
+            2, "localhost:2", [(0, 2, 0, 2, 0, 1), (1, 2, 1, 2, 0, 1)], marks=pytest.mark.slow
+        ),
+        pytest.param(
+            2,
+            "localhost:1,127.0.0.1:1",
+            [(0, 2, 0, 1, 0, 2), (1, 2, 0, 1, 1, 2)],
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(3, "localhost:3", None, marks=pytest.mark.slow),
         (
             3,
             "localhost:2,127.0.0.1:1",
             [(0, 3, 0, 2, 0, 2), (1, 3, 1, 2, 0, 1), (2, 3, 0, 1, 1, 2)],
         ),  # fmt: skip
-        (4, "localhost:2,127.0.0.1:2", None),
+        pytest.param(4, "localhost:2,127.0.0.1:2", None, marks=pytest.mark.slow),
     ],
 )
 def test_collectives_match_a_single_process(
@@ -117,7 +124,7 @@ def _sparse_reference(size: int, optimizer_kind: str) -> torch.Tensor:
     return model.weight.detach()
 
 
-@pytest.mark.parametrize("np", [2, 3])
+@pytest.mark.parametrize("np", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_horovod_scripts_with_sparse_gradients_synchronize_and_names_finish(
     elasticrun, tmp_path: Path, np: int
 ) -> None:

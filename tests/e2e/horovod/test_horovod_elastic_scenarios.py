@@ -92,7 +92,7 @@ def picked(results: list[dict], *keys: str) -> list[tuple]:
     return [tuple(line[key] for key in keys) for line in results]
 
 
-@pytest.mark.parametrize("slots", [2, 1])
+@pytest.mark.parametrize("slots", [2, pytest.param(1, marks=pytest.mark.slow)])
 def test_hosts_added_and_removed(elasticrun, tmp_path: Path, slots: int) -> None:
     """Horovod's `test_hosts_added_and_removed`: rank 0 waits for each host change by polling
     `state._host_messages.empty()`; the job grows onto 127.0.0.1, then moves there."""
@@ -121,8 +121,12 @@ def test_hosts_added_and_removed(elasticrun, tmp_path: Path, slots: int) -> None
     assert results[2]["rendezvous"] == 3 + late, job.output
 
 
-@pytest.mark.parametrize("exit_mode", ["exception", "kill"])
-@pytest.mark.parametrize("discovery", [True, False], ids=["discovery", "fixed-hosts"])
+@pytest.mark.parametrize("exit_mode", [pytest.param("exception", marks=pytest.mark.slow), "kill"])
+@pytest.mark.parametrize(
+    "discovery",
+    [True, pytest.param(False, marks=pytest.mark.slow)],
+    ids=["discovery", "fixed-hosts"],
+)
 def test_a_failed_rank_takes_its_host_out(
     elasticrun, tmp_path: Path, exit_mode: str, discovery: bool
 ) -> None:
@@ -162,6 +166,7 @@ def test_every_rank_failing_ends_the_job_with_their_error(elasticrun, tmp_path: 
     assert "starting new workers on the offered hosts" not in job.output
 
 
+@pytest.mark.slow
 def test_every_rank_killed_at_the_same_step_each_time_ends_after_three_losses(
     elasticrun, tmp_path: Path
 ) -> None:
@@ -184,6 +189,7 @@ def test_every_rank_killed_at_the_same_step_each_time_ends_after_three_losses(
     assert len(results) == 3, "three fleets trained epoch 0"
 
 
+@pytest.mark.slow
 def test_every_host_failing_ends_the_job(elasticrun, tmp_path: Path) -> None:
     """Horovod's `test_all_hosts_blacklisted`: ranks 0 and 2 (one on each host) raise at
     epoch 1; both hosts are out, and the job ends with their error."""
@@ -199,6 +205,7 @@ def test_every_host_failing_ends_the_job(elasticrun, tmp_path: Path) -> None:
     assert "starting new workers on the offered hosts" not in job.output
 
 
+@pytest.mark.slow
 def test_the_reset_limit(elasticrun, tmp_path: Path) -> None:
     """Horovod's `test_reset_limit`: hosts added then removed cost two re-forms; with
     `--reset-limit 1` the job fails at the second, saying so; with 2 it completes."""

@@ -18,7 +18,7 @@ STEPS = 10
 @pytest.mark.parametrize(
     ("np", "compression", "optimizer", "tolerance"),
     [
-        (2, "none", "sgd", 1e-5),
+        pytest.param(2, "none", "sgd", 1e-5, marks=pytest.mark.slow),
         (3, "none", "adam", 1e-5),
         (2, "fp16", "sgd", 2e-3),
     ],

@@ -35,7 +35,12 @@ def _flags(elastic: bool, size: int) -> list[str]:
 
 @pytest.mark.parametrize(
     ("elastic", "size"),
-    [(False, 2), (False, 3), (True, 2), (True, 3)],
+    [
+        pytest.param(False, 2, marks=pytest.mark.slow),
+        pytest.param(False, 3, marks=pytest.mark.slow),
+        (True, 2),
+        pytest.param(True, 3, marks=pytest.mark.slow),
+    ],
     ids=["static-2", "static-3", "elastic-2", "elastic-3"],
 )
 def test_twenty_shutdown_init_cycles_in_one_job_keep_every_collective_right(

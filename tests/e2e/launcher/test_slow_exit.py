@@ -34,7 +34,12 @@ def rounds_after_done(job: RunningJob) -> list[str]:
 
 @pytest.mark.parametrize(
     ("interval", "shutdown"),
-    [(1.0, True), (1.0, False), (0.2, True), (0.2, False)],
+    [
+        pytest.param(1.0, True, marks=pytest.mark.slow),
+        pytest.param(1.0, False, marks=pytest.mark.slow),
+        (0.2, True),
+        pytest.param(0.2, False, marks=pytest.mark.slow),
+    ],
     ids=["1s-shutdown", "1s-no-shutdown", "0.2s-shutdown", "0.2s-no-shutdown"],
 )
 def test_workers_that_exit_slowly_after_a_re_form_finish_the_job(
