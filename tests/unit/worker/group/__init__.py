@@ -1,0 +1,1 @@
+"""elastic/worker/group: forming a round's process group, the Gloo interface, reachability."""
