@@ -1,9 +1,15 @@
 """elasticrun: elastic, fault-tolerant data-parallel training for PyTorch.
 
-`elastic.driver` is the launcher (`elasticrun`), `elastic.worker` runs inside each training
-process, `elastic.torch` is the Horovod-style facade users import as `hvd`, and
-`elastic.protocol` is the only thing the driver and the worker share: the wire contract.
-`elastic.run_job` runs a Python function on every rank of a job and returns each rank's value.
+A job is one driver process and a worker process per slot. The driver (`elastic.driver`, the
+`elasticrun` command) finds hosts, launches workers, forms *rounds* (the job's membership,
+each with every worker's rank) and forms the next one when a worker dies, joins or leaves.
+Each worker runs the user's script over the worker runtime (`elastic.worker`: joining rounds,
+the process group, the collectives) and the elastic state (`elastic.state`: commits, the
+`hvd.elastic.run` loop that restores and re-syncs after a change), both reached through the
+Horovod-style facade users import as `hvd` (`elastic.torch`). `elastic.protocol` is the only
+thing the driver and the workers share: the wire contract. `elastic.common` holds Horovod's
+exception names. `elastic.run_job` runs a Python function on every rank of a job and returns
+each rank's value.
 """
 
 from __future__ import annotations

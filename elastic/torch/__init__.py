@@ -3,6 +3,13 @@
 A Horovod user changes `import horovod.torch as hvd` to `import elastic.torch as hvd` and
 `horovodrun` to `elasticrun`; the names and their meaning are Horovod's. What elasticrun does
 not offer (MPI, Adasum, the timeline) raises `NotImplementedError` naming the alternative.
+
+This package only names things: `hvd.init`, the rank queries and the collectives come from
+the worker runtime (`elastic.worker`); `DistributedOptimizer`, `SyncBatchNorm`,
+`broadcast_parameters` and `broadcast_optimizer_state` from its `training` package;
+`hvd.elastic` (`elastic.torch.elastic`) is the elastic run loop and its state
+(`elastic.state`). Every name here is public API: it does not change when the modules behind
+it move.
 """
 
 from elastic.torch import elastic
