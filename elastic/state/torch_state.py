@@ -18,6 +18,7 @@ import torch
 from elastic.state.sampler import ElasticSampler, merge_sampler_states
 from elastic.state.state import ObjectState
 from elastic.worker.collectives.objects import allgather_object, broadcast_object
+from elastic.worker.training.ddp_checks import refuse_plain_ddp
 from elastic.worker.training.state_broadcasts import (
     broadcast_optimizer_state,
     broadcast_parameters,
@@ -192,7 +193,10 @@ class TorchState(ObjectState):
     `ElasticSampler`s (any number, under any names) are handled by type:
 
     * models: `state_dict()` snapshots in host memory; `restore()` loads them back (onto the
-      parameters' own devices); sync broadcasts parameters and buffers (`broadcast_parameters`);
+      parameters' own devices); sync broadcasts parameters and buffers (`broadcast_parameters`).
+      A DDP model is given as `hvd.elastic.DistributedDataParallel` (its state is the
+      module's); a plain torch `DistributedDataParallel`, which cannot follow a re-form,
+      raises `UnsupportedModelError` here, naming the wrapper;
     * optimizers: the same with `broadcast_optimizer_state` (every rank's optimizer must have
       the same parameter groups); LR schedulers: their state_dict, broadcast as an object;
     * samplers: epoch and processed indices are saved and restored; sync takes the source's
@@ -219,6 +223,7 @@ class TorchState(ObjectState):
         handlers: dict[str, _Handler] = {}
         plain: dict[str, Any] = {}
         for name, value in {"model": model, "optimizer": optimizer, **kwargs}.items():
+            refuse_plain_ddp(f"TorchState({name}=...)", value)
             handler = _handler_for(value)
             if handler is not None:
                 handlers[name] = handler
@@ -238,6 +243,7 @@ class TorchState(ObjectState):
     def __setattr__(self, name: str, value: Any) -> None:
         handlers: dict[str, _Handler] | None = self.__dict__.get("_handlers")
         if handlers is not None and name in handlers:
+            refuse_plain_ddp(f"TorchState.{name}", value)
             handler = _handler_for(value)
             if handler is None:
                 raise TypeError(
