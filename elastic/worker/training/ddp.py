@@ -94,6 +94,13 @@ class DistributedDataParallel(torch.nn.Module):
         else:
             super().__setattr__(name, value)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (`copy.deepcopy`, `torch.save`) holds no DDP: it builds its own at its first
+        forward, as a new round does."""
+        state = self.__dict__.copy()
+        state["_ddp"], state["_group"] = None, None
+        return state
+
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """The module's forward through this round's DDP, (re)built first in a new round.
         Raises `WorkerLostError` when a peer is lost during a broadcast."""

@@ -7,6 +7,7 @@ Torch's own DDP, trained on the same data in the same processes, is the referenc
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 import threading
@@ -57,12 +58,12 @@ def _sgd(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 
-def _train_in_one_round() -> dict[str, Any]:
+def _train_in_one_round(options: dict[str, Any]) -> dict[str, Any]:
     rank = context.current().rank
     out = {}
     for kind, wrap in (("torch", TorchDDP), ("elastic", DistributedDataParallel)):
         module = _net(seed=rank)  # each rank its own init: the build broadcasts rank 0's
-        model = wrap(module, **SMALL_BUCKETS)
+        model = wrap(module, **SMALL_BUCKETS, **options)
         optimizer = _sgd(model)
         for step in range(3):
             _step(model, optimizer, step, rank)
@@ -73,10 +74,15 @@ def _train_in_one_round() -> dict[str, Any]:
     return out
 
 
-def test_in_one_round_the_wrapper_trains_as_torch_s_ddp() -> None:
-    """Parameters, gradients and buffers (broadcast from rank 0 before each forward, then
-    updated by this rank's batch, as torch's DDP does) are bit for bit torch's DDP's."""
-    outs = run_group(_train_in_one_round, 2)
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"find_unused_parameters": True, "gradient_as_bucket_view": True}, {"static_graph": True}],
+    ids=["default", "unused-and-views", "static-graph"],
+)
+def test_in_one_round_the_wrapper_trains_as_torch_s_ddp(options: dict[str, Any]) -> None:
+    """Parameters and buffers (broadcast from rank 0 before each forward, then updated by
+    this rank's batch, as torch's DDP does) are bit for bit torch's DDP's, in DDP's modes."""
+    outs = run_group(_train_in_one_round, 2, options)
     assert [o["elastic"] for o in outs] == [o["torch"] for o in outs]
     assert _parameters(outs[0]["elastic"]) == _parameters(outs[1]["elastic"])
 
@@ -295,6 +301,15 @@ def test_the_wrapper_commits_the_module_s_state_under_ddp_s_keys(one_rank) -> No
     assert [id(p) for p in model.parameters()] == [id(p) for p in module.parameters()]
     model(torch.ones(3, 6))  # the inner DDP is no submodule: nothing is registered twice
     assert list(model.state_dict()) == [f"module.{k}" for k in module.state_dict()]
+
+
+def test_a_copy_holds_no_ddp_and_builds_its_own(one_rank) -> None:
+    model = DistributedDataParallel(_net(0))
+    model(torch.ones(3, 6))
+    twin = copy.deepcopy(model)
+    assert twin._ddp is None
+    assert torch.equal(twin(torch.ones(3, 6)), model(torch.ones(3, 6)))
+    assert twin._ddp is not None and twin._ddp is not model._ddp
 
 
 def test_horovod_style_scripts_load_none_of_it() -> None:
