@@ -4,7 +4,11 @@ Every step of a plain DataLoader loop over the ElasticSampler, the ranks count (
 allreduce) which samples they trained on, leaving out the padding repeats that even out the
 shards, in a buffer of the model: TorchState commits, restores and syncs it with everything
 else. After `--epochs` epochs every sample must have been counted exactly `--epochs` times,
-however the job shrank, grew or rolled back meanwhile. Rank 0 writes `result.json` into `--out`.
+however the job shrank, grew or rolled back meanwhile. Rank 0 writes `result.json` into `--out`
+(with `--save-params`, every rank also writes its parameters to `params-RANK.json` there).
+`--ddp elastic` trains a DDP model (`hvd.elastic.DistributedDataParallel`) with a torch
+optimizer instead of `DistributedOptimizer`; `--ddp torch` torch's own DDP, to show what a
+re-form does to it.
 
 Prints `worker pid=P driver=URL` at start, `joined rank=R size=N pid=P` after `hvd.init()`,
 `step S epoch E size N rank R` per step and `done size N rank R` at the end, then calls
@@ -54,6 +58,21 @@ def _driver_status() -> str:
         return answer.read().decode()
 
 
+def _model_and_optimizer(
+    model: torch.nn.Module, ddp: str | None
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """What the step calls, and its optimizer: the model and a `DistributedOptimizer`; with
+    `ddp`, the model in a DDP (the elastic wrapper, or torch's) and a torch optimizer."""
+    if ddp is None:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        return model, hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    if ddp == "elastic":
+        net = hvd.elastic.DistributedDataParallel(model, bucket_cap_mb=0.0001)
+    else:
+        net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0001)
+    return net, torch.optim.SGD(net.parameters(), lr=0.01)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -69,6 +88,8 @@ def main() -> None:
     parser.add_argument("--exit-delay", type=float, default=0.0, help="a slow atexit handler")
     parser.add_argument("--no-shutdown", action="store_true", help="never call hvd.shutdown()")
     parser.add_argument("--status-file", help="rank 0 saves /v1/status here at the end")
+    parser.add_argument("--ddp", choices=["elastic", "torch"], help="a DDP model (see above)")
+    parser.add_argument("--save-params", action="store_true", help="params-RANK.json at the end")
     parser.add_argument(
         "--leave-unheard-at-step",
         type=int,
@@ -89,12 +110,14 @@ def main() -> None:
     target = data.sum(1, keepdim=True)
     model = torch.nn.Linear(4, 1)
     model.register_buffer("counts", torch.zeros(n))
-    optimizer = hvd.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
-    )
+    net, optimizer = _model_and_optimizer(model, args.ddp)
     sampler = hvd.elastic.ElasticSampler(range(n), shuffle=True, seed=1)
     state = hvd.elastic.TorchState(
-        model=model, optimizer=optimizer, sampler=sampler, epoch=0, step=0
+        model=net if args.ddp == "elastic" else model,
+        optimizer=optimizer,
+        sampler=sampler,
+        epoch=0,
+        step=0,
     )
     loader = torch.utils.data.DataLoader(range(n), sampler=sampler, batch_size=b)
 
@@ -105,7 +128,7 @@ def main() -> None:
                 if state.step == args.fail_at_step and _first_to_create(args.fail_once_file):
                     raise ValueError(f"injected failure at step {state.step}")
                 optimizer.zero_grad()
-                loss = ((model(data[idx]) - target[idx]) ** 2).sum() / (b * hvd.size())
+                loss = ((net(data[idx]) - target[idx]) ** 2).sum() / (b * hvd.size())
                 loss.backward()
                 optimizer.step()
                 seen = torch.zeros(n)
@@ -131,6 +154,9 @@ def main() -> None:
             state.commit()
 
     train(state)
+    if args.save_params:
+        parameters = {name: p.tolist() for name, p in model.named_parameters()}
+        Path(args.out, f"params-{hvd.rank()}.json").write_text(json.dumps(parameters))
     if hvd.rank() == 0:
         result = {"counts": model.counts.tolist(), "epochs": args.epochs, "size": hvd.size()}
         Path(args.out, "result.json").write_text(json.dumps(result))
