@@ -20,6 +20,7 @@ from tests.support.processes import processes_naming
     [
         ("train_synthetic.py", ["--epochs", "3", "--samples", "2048"]),
         ("train_cnn.py", ["--epochs", "2", "--samples", "512"]),
+        ("ddp_elastic.py", ["--epochs", "3", "--samples", "2048"]),
     ],
 )
 def test_example_trains_and_rank0_reports_a_falling_loss(
@@ -36,8 +37,10 @@ def test_example_trains_and_rank0_reports_a_falling_loss(
     assert "[1]<stdout>:epoch" not in job.output, "only rank 0 prints"
 
 
-def test_elastic_example_survives_a_killed_worker(elasticrun) -> None:
-    script = EXAMPLES / "elastic_train.py"
+@pytest.mark.parametrize("script", ["elastic_train.py", "ddp_elastic.py"])
+def test_elastic_example_survives_a_killed_worker(elasticrun, script: str) -> None:
+    """DistributedOptimizer's example, and the DDP one (hvd.elastic.DistributedDataParallel)."""
+    script = EXAMPLES / script
     job = elasticrun(
         ["-np", "2", "--min-np", "1", "-H", "localhost:2", "--failure-scope", "worker",
          "--blacklist-cooldown-range", "60", "60",
