@@ -2,7 +2,8 @@
 under `elasticrun` whose process group is formed anew (`shutdown()` then `init()`, the same
 rebuild a re-form causes), and the wrapper's device check against the worker's GPU. Skipped
 without CUDA. Not run where this was written (no GPU there): the CPU tests in
-tests/unit/training/test_ddp.py and tests/e2e/test_ddp.py cover the same code over Gloo."""
+tests/e2e/process_groups/test_ddp.py and tests/e2e/elastic/test_ddp_job.py cover the same code
+over Gloo."""
 
 from __future__ import annotations
 

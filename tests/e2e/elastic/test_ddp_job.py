@@ -2,10 +2,10 @@
 refilled by a joiner, and the job trains to the end with every sample counted exactly once
 per epoch and the same parameters, bit for bit, on every rank.
 
-The job is tests/workers/elastic_job.py with `--ddp elastic` (its sample counts, with
+The job is tests/support/workers/elastic_job.py with `--ddp elastic` (its sample counts, with
 `hvd.elastic.DistributedDataParallel` and a torch optimizer); `--ddp torch`, torch's own DDP,
-shows what the wrapper is for. The DDP example runs in tests/test_examples.py. Tests wait on
-lines the job prints, never on sleeps.
+shows what the wrapper is for. The DDP example runs in
+tests/e2e/launcher/test_examples.py. Tests wait on lines the job prints, never on sleeps.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_elastic import (
+from tests.e2e.elastic.test_elastic import (
     ONE_WORKER_FAILS,
     assert_exactly_once,
     job_args,

@@ -27,7 +27,7 @@ from elastic.worker.context import NotInitializedError
 from elastic.worker.errors import WorkerLostError
 from elastic.worker.training.ddp import DistributedDataParallel
 from elastic.worker.training.ddp_checks import UnsupportedModelError
-from tests.worker_group import activate_on_one_host, run_group
+from tests.support.worker_group import activate_on_one_host, run_group
 
 SMALL_BUCKETS = {"bucket_cap_mb": 0.0002}  # a bucket or two per layer: several per step
 
