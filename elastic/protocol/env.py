@@ -30,7 +30,7 @@ DRIVER_URL = "ELASTIC_DRIVER_URL"
 CONTROL_ADDRESS = "ELASTIC_CONTROL_ADDRESS"  # host:port of the gRPC control service
 # With TLS: the driver's certificate (PEM) that workers pin as their only CA. Public, not secret.
 TLS_CERT = "ELASTIC_TLS_CERT"
-WORKER_ID = "ELASTIC_WORKER_ID"  # this worker process's id in the job, stable across epochs
+WORKER_ID = "ELASTIC_WORKER_ID"  # this worker process's id in the job, stable across rounds
 ELASTIC = "ELASTIC_ELASTIC"  # "1" in an elastic job
 JOB_ID = "ELASTIC_JOB_ID"
 COLLECTIVE_TIMEOUT = "ELASTIC_COLLECTIVE_TIMEOUT"
@@ -148,7 +148,7 @@ class WorkerEnvironment:
     driver_url: str
     control_address: str  # host:port of the gRPC control service
     token: str = field(repr=False)  # the job's secret: never in a log line or traceback
-    worker_id: str  # stable across epochs
+    worker_id: str  # stable across rounds
     hostname: str  # the host name as given in -H, the hostfile or discovery
     job_id: str = ""
     elastic: bool = False
@@ -158,7 +158,7 @@ class WorkerEnvironment:
     tls_cert: bytes | None = None  # the driver's certificate (PEM), pinned (TLS)
     etcd: EtcdOptions | None = None  # where a restarted driver publishes its address
     driver_wait: float = 300.0  # seconds to keep trying to reach a restarted driver (etcd)
-    slot: SlotInfo | None = None  # its slot in epoch 1, when that formed before its launch
+    slot: SlotInfo | None = None  # its slot in round 1, when that formed before its launch
     checkpoint: CheckpointSettings = CheckpointSettings()  # durable commits (none by default)
     preemption_check: str = ""  # a command run every interval that prints when the host goes
     preemption_check_interval: float = 5.0  # seconds
