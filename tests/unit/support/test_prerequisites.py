@@ -219,6 +219,7 @@ def test_needs_cuda():
 """
 
 
+@pytest.mark.e2e  # a pytest process of its own (8 s): not for the fast layer
 @pytest.mark.parametrize(("need_everything", "summary"), [("1", "1 failed, 1 skipped"),
                                                           ("", "2 skipped")])  # fmt: skip
 def test_ci_fails_a_test_skipped_for_what_it_installs(
