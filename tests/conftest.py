@@ -19,7 +19,7 @@ from tests.support.prerequisites import (
     is_missing_prerequisite,
     missing_etcd,
 )
-from tests.support.processes import processes_naming
+from tests.support.processes import processes_naming, processes_working_in
 from tests.support.running_job import RunningJob
 
 
@@ -27,7 +27,8 @@ from tests.support.running_job import RunningJob
 def elasticrun(tmp_path: Path) -> Iterator[Callable[..., RunningJob]]:
     """Start `elasticrun` jobs in `tmp_path`. At the end, every one still running is killed
     with its process group, and so is every process whose command line names a file in
-    `tmp_path` (workers, ssh clients and remote agents, should a test leave any)."""
+    `tmp_path` (workers, ssh clients and remote agents, should a test leave any) or works
+    in it (the workers of a script named by a path elsewhere, which start where the job did)."""
     started: list[RunningJob] = []
 
     def start(args: list[str], env: dict[str, str] | None = None) -> RunningJob:
@@ -38,7 +39,7 @@ def elasticrun(tmp_path: Path) -> Iterator[Callable[..., RunningJob]]:
     yield start
     for job in started:
         job.stop()
-    for pid in processes_naming(str(tmp_path)):
+    for pid in {*processes_naming(str(tmp_path)), *processes_working_in(str(tmp_path))}:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 

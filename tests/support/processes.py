@@ -33,3 +33,22 @@ def processes_naming(marker: str) -> dict[int, list[str]]:
         if any(marker in arg for arg in argv) and _state(entry.name) not in (None, "Z"):
             found[int(entry.name)] = argv
     return found
+
+
+def processes_working_in(folder: str) -> list[int]:
+    """Live (non-zombie) processes, other than this one, whose working directory is `folder`
+    or under it: a job's workers run where the test started `elasticrun`, whatever their
+    command line names."""
+    root = os.path.realpath(folder)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        inside = cwd == root or cwd.startswith(root + os.sep)
+        if inside and _state(entry.name) not in (None, "Z"):
+            found.append(int(entry.name))
+    return found
