@@ -24,7 +24,7 @@ from elastic.worker.training.state_broadcasts import (
     broadcast_parameters,
 )
 
-__all__ = ["TorchState"]
+__all__ = ["TorchState", "host_snapshot"]
 
 log = logging.getLogger("elastic")
 
@@ -73,7 +73,10 @@ def _to_host(value: Any, previous: Any, devices: set[torch.device]) -> Any:
     return copy.deepcopy(value)
 
 
-def _snapshot(state_dict: dict[str, Any], previous: Any) -> Any:
+def host_snapshot(state_dict: Any, previous: Any) -> Any:
+    """A copy of `state_dict` (nested dicts, lists and tuples) whose tensors are in host
+    memory, reusing `previous`'s buffers where they match; copies from a GPU are finished
+    when it returns."""
     devices: set[torch.device] = set()
     snapshot = _to_host(state_dict, previous, devices)
     for device in devices:
@@ -123,7 +126,7 @@ class _Handler:
 
 class _ModelHandler(_Handler):
     def save(self) -> None:
-        self.saved = _snapshot(self.value.state_dict(), self._reusable())
+        self.saved = host_snapshot(self.value.state_dict(), self._reusable())
 
     def restore(self) -> None:
         self.value.load_state_dict(self.saved)  # copies into the live tensors, on their device
@@ -134,7 +137,7 @@ class _ModelHandler(_Handler):
 
 class _OptimizerHandler(_Handler):
     def save(self) -> None:
-        self.saved = _snapshot(self.value.state_dict(), self._reusable())
+        self.saved = host_snapshot(self.value.state_dict(), self._reusable())
 
     def restore(self) -> None:
         # load_state_dict keeps the tensors it is given when they are already on the right
