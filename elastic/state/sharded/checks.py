@@ -5,6 +5,7 @@ the first re-form."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -12,7 +13,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from elastic.state.sharded.errors import ShardedStateError
 
-__all__ = ["available_memory", "check_sharding", "memory_problem"]
+__all__ = ["available_memory", "check_sharding", "memory_problem", "readable", "sharding_problem"]
 
 _HOW = (
     "build(mesh) must apply fully_shard(module, mesh=mesh) to the model (its blocks, then its root)"
@@ -22,29 +23,39 @@ _HOW = (
 def check_sharding(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, mesh: DeviceMesh
 ) -> None:
-    """Raise `ShardedStateError` unless every parameter of `model` is a DTensor sharded on
-    dimension 0 over `mesh` (FSDP2's `fully_shard(module, mesh=mesh)`), no two parameters
-    share memory without being the same parameter, and `optimizer` updates the model's
-    parameters only."""
+    """Raise `ShardedStateError` with `sharding_problem`'s line, if it finds one."""
+    if (problem := sharding_problem(model, optimizer, mesh)) is not None:
+        raise ShardedStateError(problem)
+
+
+def sharding_problem(model: Any, optimizer: Any, mesh: DeviceMesh) -> str | None:
+    """Why `ShardedState` cannot commit `(model, optimizer)` as `build(mesh)` made them (one
+    line), or None: every parameter of `model` must be a DTensor sharded on dimension 0 over
+    a mesh of `mesh`'s size (FSDP2's `fully_shard(module, mesh=mesh)`; a mesh of a fixed
+    size is found at the first re-form that changes the size: DTensors of equal meshes may
+    hold either mesh object), no two parameters may share
+    memory without being the same parameter, and `optimizer` must update the model's
+    parameters only. Local: the answer can differ between ranks only where a rank holds no
+    rows of a parameter, so the caller makes it collective (`ShardedState` raises the first
+    rank's problem on every rank)."""
     if not isinstance(model, torch.nn.Module) or not isinstance(optimizer, torch.optim.Optimizer):
-        raise ShardedStateError(
+        return (
             f"build(mesh) returned ({type(model).__name__}, {type(optimizer).__name__}): it must "
             "return (model, optimizer), a torch.nn.Module and a torch.optim.Optimizer"
         )
-    world = mesh.size()
     storages: dict[tuple[int, int], str] = {}
     for name, param in model.named_parameters():
         if not isinstance(param, DTensor):
-            raise ShardedStateError(f"ShardedState: parameter {name!r} is not sharded: {_HOW}")
+            return f"ShardedState: parameter {name!r} is not sharded: {_HOW}"
         placements = tuple(param.placements)
         if param.device_mesh.ndim != 1 or placements != (Shard(0),):
-            raise ShardedStateError(
+            return (
                 f"ShardedState: parameter {name!r} is placed {placements} over a "
                 f"{param.device_mesh.ndim}-D mesh; ShardedState re-shards FSDP2's Shard(0) "
                 f"over a 1-D mesh only: {_HOW}"
             )
-        if param.device_mesh.mesh.tolist() != mesh.mesh.tolist():
-            raise ShardedStateError(
+        if param.device_mesh.size() != (world := mesh.size()):
+            return (
                 f"ShardedState: parameter {name!r} is sharded over a mesh of "
                 f"{param.device_mesh.size()} rank(s), this round has {world}: build(mesh) must "
                 "shard over the mesh it is given, not one it makes with a fixed size"
@@ -53,30 +64,25 @@ def check_sharding(
         if local.numel():
             key = (local.untyped_storage().data_ptr(), local.storage_offset())
             if key in storages:
-                raise ShardedStateError(
+                return (
                     f"ShardedState: parameters {storages[key]!r} and {name!r} share memory "
                     "without being one parameter; re-sharding cannot keep them shared: tie them "
-                    "as one parameter (a.weight = b.weight) before fully_shard, or untie them"
+                    "as one parameter (a.weight = b.weight) in one fully_shard unit, or untie them"
                 )
             storages[key] = name
     owned = {id(param) for param in model.parameters()}
     for group in optimizer.param_groups:
         if any(id(param) not in owned for param in group["params"]):
-            raise ShardedStateError(
+            return (
                 "ShardedState: the optimizer updates a parameter the model does not hold: "
                 "build(mesh) must make the optimizer from model.parameters() after fully_shard"
             )
+    return None
 
 
 def available_memory(meminfo: str = "/proc/meminfo") -> int | None:
-    """The host's available memory in bytes (psutil's where installed, else the kernel's
-    MemAvailable); None where neither says."""
-    try:
-        import psutil  # type: ignore[import-untyped]
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        pass
+    """The host's available memory in bytes: the kernel's MemAvailable (Linux), else
+    psutil's where installed; None where neither says."""
     try:
         with open(meminfo) as lines:
             for line in lines:
@@ -84,7 +90,12 @@ def available_memory(meminfo: str = "/proc/meminfo") -> int | None:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return None
+    try:
+        import psutil  # type: ignore[import-untyped]
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        return None
 
 
 def memory_problem(
@@ -106,10 +117,20 @@ def memory_problem(
     need = 2 * (1 + replicas) * share
     if (need - held) * local_size <= free:
         return None
-    gib = 1 << 30
     return (
-        f"ShardedState(replicas={replicas}): commits need about {need / gib:.2f} GiB of host "
-        f"memory per rank at their peak (2 x (1 + replicas) x this rank's {share / gib:.2f} GiB "
-        f"share of the state), and host {host} has {free / gib:.2f} GiB available for its "
-        f"{local_size} worker(s): lower replicas, shard over more ranks, or free host memory"
+        f"ShardedState(replicas={replicas}): commits need about {readable(need)} of host "
+        f"memory per rank at their peak (2 x (1 + replicas) x this rank's {readable(share)} "
+        f"share of the state), and host {host} has {readable(free)} for its {local_size} "
+        "worker(s): lower replicas, shard over more ranks, or give the commits more host "
+        "memory (ShardedState's host_memory)"
     )
+
+
+def readable(size: int) -> str:
+    """`size` bytes in the largest binary unit that keeps it at 1 or more ("1.50 MiB")."""
+    value, unit = float(size), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{int(value)} bytes" if unit == "bytes" else f"{value:.2f} {unit}"

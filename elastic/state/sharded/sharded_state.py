@@ -19,8 +19,10 @@ Contract:
   those of that commit, on every world size. A joiner holds nothing and receives its rows.
   `last_restore` says which commit it was.
 * When no commit survives whole (more hosts lost at once than `replicas` covers) every rank
-  raises `ShardsLostError`; bad input raises `ShardedStateError` at the first build or
-  commit (`checks`).
+  raises `ShardsLostError`; bad input raises `ShardedStateError` on every rank at the first
+  commit (`checks`; the run loop's first sync takes it) or at the re-form that finds it.
+* At a re-form agreed at a step boundary (a notice, a drain, a member leaving), the state
+  after that step is committed first (`prepare_to_reform`), so nothing is rolled back.
 * `restore()` (after a lost peer) rolls back plain values and samplers at once; the model and
   optimizer roll back at the next round's re-form, which rebuilds them anyway.
 * Reset callbacks run after the re-form, so they see the new model, optimizer and size.
@@ -40,7 +42,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from elastic.state.sampler import merge_sampler_states
-from elastic.state.sharded.checks import check_sharding, memory_problem
+from elastic.state.sharded.checks import available_memory, memory_problem, sharding_problem
 from elastic.state.sharded.errors import ShardedStateError, ShardsLostError
 from elastic.state.sharded.placement import check_replicas, place_replicas
 from elastic.state.sharded.recovery_plan import Choice, SlotId, choose, describe_loss
@@ -80,12 +82,18 @@ class ShardedState(TorchState):
 
     `build(mesh)` returns `(model, optimizer)` sharded over `mesh` (see the module's
     docstring); other keyword arguments are plain values and `ElasticSampler`s, as in
-    `TorchState`. Needs `hvd.init()` first. Raises `ShardedStateError` when `build` does not
-    shard the documented way, or a value is a module, optimizer or LR scheduler (those come
-    from `build`).
+    `TorchState`. `host_memory` caps the bytes of host memory the commits of a host's
+    ranks may use together (default: what the host has available when the state is
+    checked). Needs `hvd.init()` first. Raises `ShardedStateError` at once when a value is a
+    module, optimizer or LR scheduler (those come from `build`) or `replicas` is negative;
+    a `build` that does not shard the documented way, `replicas` of as many hosts as the
+    job has, or commits too large for host memory raise it on every rank at the first
+    commit (the run loop's first sync).
     """
 
-    def __init__(self, build: Build, replicas: int = 1, **kwargs: Any) -> None:
+    def __init__(
+        self, build: Build, replicas: int = 1, host_memory: int | None = None, **kwargs: Any
+    ) -> None:
         for name, value in kwargs.items():
             if isinstance(value, _BUILT_BY_BUILD):
                 raise ShardedStateError(
@@ -97,6 +105,9 @@ class ShardedState(TorchState):
         ctx = context.current("ShardedState")
         super().__init__(**kwargs)
         self._build, self._replicas = build, replicas
+        self._host_memory = host_memory
+        self._problem: str | None = None  # what is wrong with the model built for the round
+        self._in_commit = False
         self._slots = Slots()
         self._replicator: Replicator | None = None
         self._built_for: tuple[int, int] | None = None
@@ -123,8 +134,10 @@ class ShardedState(TorchState):
         mesh = init_device_mesh(ctx.device.type, (ctx.size,))
         built = self._build(mesh)
         if not isinstance(built, tuple | list) or len(built) != 2:
-            raise ShardedStateError("build(mesh) must return (model, optimizer)")
-        check_sharding(built[0], built[1], mesh)
+            built = (None, None)
+            self._problem = "build(mesh) must return (model, optimizer)"
+        else:
+            self._problem = sharding_problem(built[0], built[1], mesh)
         object.__setattr__(self, "model", built[0])
         object.__setattr__(self, "optimizer", built[1])
         self._mesh, self._built_for = mesh, key
@@ -199,13 +212,33 @@ class ShardedState(TorchState):
         if total <= self._checked_bytes and not check:
             return
         self._checked_bytes = total
+        if self._host_memory is None:
+            held, available = self._slots.nbytes(), available_memory
+        else:  # a cap on what the commits use in all: what they hold already counts
+            held, available = 0, lambda: self._host_memory
         problem = memory_problem(
-            block.nbytes(), self._slots.nbytes(), self._replicas, ctx.slot.local_size,
-            ctx.slot.hostname,
+            block.nbytes(), held, self._replicas, ctx.slot.local_size, ctx.slot.hostname,
+            available,
         )  # fmt: skip
         found = [p for p in allgather_object(problem) if p is not None]
         if found:
             raise ShardedStateError(found[0])
+
+    def commit(self) -> None:
+        """`State.commit`: snapshot, count, replicate in the background, then check for host
+        updates (a re-form it triggers goes on from this commit)."""
+        self._in_commit = True
+        try:
+            super().commit()
+        finally:
+            self._in_commit = False
+
+    def wait_replicated(self) -> None:
+        """Block until the last commit is held by all its replica holders (the training
+        never needs to; a test or a benchmark may). Raises `WorkerLostError` when a peer
+        died meanwhile."""
+        if self._replicator is not None:
+            self._replicator.wait()
 
     def restore(self) -> None:
         """Roll plain values and samplers back to the last commit, and abandon the
@@ -215,11 +248,21 @@ class ShardedState(TorchState):
         TorchState.restore(self)
 
     def prepare_to_reform(self) -> None:
-        """Finish replicating the last commit while the round still works, then merge the
-        samplers (`TorchState`)."""
+        """Every rank agreed to re-form at a step boundary, while the round still works:
+        merge the samplers (`TorchState`) and finish replicating the last commit. Outside
+        `commit()` (at `check_host_updates()`, or a step a leaving member interrupts) the
+        live state is newer than the last commit: it becomes a commit first, so the re-form
+        goes on from the state after that step. A peer's death meanwhile raises
+        `WorkerLostError` (the run loop rolls back to the last commit replicated whole)."""
+        TorchState.prepare_to_reform(self)
+        if not self._in_commit:
+            self.save()
+            self._commit_count += 1
+            ctx = context.current("ShardedState.prepare_to_reform")
+            if ctx.on_commit is not None:
+                ctx.on_commit(self._commit_count)
         if self._replicator is not None:
             self._replicator.wait()
-        TorchState.prepare_to_reform(self)
 
     def on_reset(self) -> None:
         """Defer the reset callbacks until the re-form has rebuilt the model."""
@@ -236,16 +279,19 @@ class ShardedState(TorchState):
         dies meanwhile (the holders keep what they hold for the next try)."""
         ctx = context.current("ShardedState.sync")
         self._stop_replication()
+        self._rebuild(ctx)  # local: build(mesh) uses no collectives
         survey = allgather_object(
-            (ctx.slot.hostname, self._slots.held(), self._commit_count, ctx.job_commit)
-        )
-        hosts = [host for host, _, _, _ in survey]
-        held_by = [held for _, held, _, _ in survey]
-        newest = max(max(commit, job) for _, _, commit, job in survey)
+            (ctx.slot.hostname, self._slots.held(), self._commit_count, ctx.job_commit,
+             self._problem)
+        )  # fmt: skip
+        if problems := [problem for *_, problem in survey if problem is not None]:
+            raise ShardedStateError(problems[0])
+        hosts = [host for host, *_ in survey]
+        held_by = [held for _, held, *_ in survey]
+        newest = max(max(commit, job) for _, _, commit, job, _ in survey)
         choice = choose(held_by)
         if choice is None and newest > 0:
             self._no_commit_survives(describe_loss(held_by, self._replicas))
-        self._rebuild(ctx)
         self._enter_round(ctx, hosts, first=choice is None)
         if choice is None:  # the job's start: the state as build() made it is commit 0
             self._slots.keep_only(())

@@ -48,6 +48,14 @@ def build(mesh: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.AdamW(model.parameters(), lr=0.01)
 
 
+def build_sharing_memory(mesh: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The head made a second parameter over the embedding's memory after fully_shard: two
+    parameters that re-sharding would make two."""
+    model, _ = build(mesh)
+    model.head.weight = nn.Parameter(model.embed.weight.detach())
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
 def train_step(state: Any, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed * 10 + dist.get_rank())
     tokens = torch.randint(0, VOCAB, (4, 5), generator=gen)
@@ -132,7 +140,7 @@ def _shrink_then_grow(port: int) -> dict[str, Any]:
             state.steps += 1
             state.sampler.record_batch(state.steps - 1, 2)
         state.commit()
-    state.prepare_to_reform()  # commit 2 is replicated on the other host
+    state.wait_replicated()  # commit 2 is held on the other host
     expected2 = full_state(state)
     train_step(state, 99)  # work after the last commit, lost with rank 1
     state.steps += 1
@@ -197,6 +205,7 @@ def _bad_build(port: int, case: str) -> str:
     try:
         if case == "not sharded":
             state = ShardedState(lambda mesh: (TinyLM(), torch.optim.SGD(TinyLM().parameters())))
+            state.sync_if_needed(True)
         elif case == "fixed mesh":
             first: list[Any] = []
 
@@ -211,6 +220,15 @@ def _bad_build(port: int, case: str) -> str:
                 return "left"
             enter(store, 2, [0], me)
             state.sync_if_needed(False)
+        elif case == "shared memory":
+            state = ShardedState(build_sharing_memory)
+            state.sync_if_needed(True)
+        elif case == "too large":
+            state = ShardedState(build, replicas=1, host_memory=1000)
+            state.sync_if_needed(True)
+        elif case == "no optimizer":
+            state = ShardedState(lambda mesh: build(mesh)[0])
+            state.sync_if_needed(True)
         else:
             state = ShardedState(build, replicas=1)
             state.sync_if_needed(True)
@@ -229,6 +247,10 @@ def _bad_build(port: int, case: str) -> str:
                        "given, not one it makes with a fixed size"),
         ("one host", "ShardedState(replicas=1) keeps each shard on 1 other host(s), but the "
                      "job has 1 host(s) (localhost)"),
+        ("shared memory", "ShardedState: parameters 'embed.weight' and 'head.weight' share "
+                          "memory without being one parameter"),
+        ("too large", "ShardedState(replicas=1): commits need about "),
+        ("no optimizer", "build(mesh) must return (model, optimizer)"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_on_every_rank_at_the_start(case: str, message: str) -> None:
@@ -240,3 +262,47 @@ def test_bad_input_is_one_line_on_every_rank_at_the_start(case: str, message: st
         if result != "left":
             assert result.startswith(message), result
             assert "\n" not in result
+
+
+def _leave_at_a_step(port: int) -> dict[str, Any]:
+    """Rank 1 asks to leave after step 3 (commit 2 was at step 2); both check for host
+    updates at the step boundary; rank 0 goes on alone from the state after step 3."""
+    from elastic.state.sharded import ShardedState
+    from elastic.worker.errors import HostsUpdatedInterrupt
+
+    me, store = own_store(port)
+    enter(store, 1, [0, 1], me)
+    state = ShardedState(build, replicas=1, steps=0)
+    state.sync_if_needed(True)
+    for step in range(3):
+        train_step(state, step)
+        state.steps += 1
+        if state.steps == 2:
+            state.commit()
+    if me == 1:
+        context.current().events.request_leave("a test's drain")
+    after_step_3 = full_state(state)
+    try:
+        state.check_host_updates()
+        return {"interrupted": False}
+    except HostsUpdatedInterrupt:
+        pass
+    leave()
+    if me == 1:
+        return {"interrupted": True}
+    enter(store, 2, [0], me)
+    state.on_reset()
+    state.sync_if_needed(False)
+    return {
+        "interrupted": True, "expected": after_step_3, "after": full_state(state),
+        "steps": state.steps, "count": state.commit_count, "restored": state.last_restore,
+    }  # fmt: skip
+
+
+def test_a_stop_at_a_step_boundary_keeps_the_state_after_that_step() -> None:
+    rank0, rank1 = run_group(_leave_at_a_step, 2, free_port(), timeout=90)
+    assert rank0["interrupted"] and rank1["interrupted"]
+    assert bitwise_equal(rank0["after"], rank0["expected"]) == [], "nothing rolled back"
+    assert rank0["steps"] == 3
+    assert rank0["count"] == 2, "the state after step 3 was committed as commit 2"
+    assert rank0["restored"].commit == 2 and rank0["restored"].world == 2
