@@ -21,7 +21,9 @@ Result = TypeVar("Result")
 def run(func: Callable[..., Result]) -> Callable[..., Result]:
     """Decorate a training function `func(state, ...)` so it survives membership changes.
 
-    The wrapper syncs `state` from the rank holding the newest commit, then calls `func`.
+    The wrapper syncs `state` from the rank holding the newest commit, then calls `func`;
+    when `func` returns, it lets the state finish its background work
+    (`State.finish_background`) before returning `func`'s result.
     When a peer dies (`WorkerLostError` from a collective), it restores the last commit,
     re-joins the next round, calls the state's reset callbacks, syncs (only where the
     survivors' commits differ, or a new worker joins), and calls `func` again.
@@ -42,7 +44,9 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
         while True:
             try:
                 state.sync_if_needed(not skip_sync)
-                return func(state, *args, **kwargs)
+                result = func(state, *args, **kwargs)
+                state.finish_background()
+                return result
             except WorkerLostError as err:
                 skip_sync = _restore(state, err)
             except HostsUpdatedInterrupt as interrupt:

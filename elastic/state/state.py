@@ -154,6 +154,13 @@ class State:
             self.prepare_to_reform()
             raise HostsUpdatedInterrupt(skip_sync=not added)
 
+    def finish_background(self) -> None:
+        """Called by the run loop once the training function has returned, while the
+        round's process group still works: finish what the state does in the background
+        (`ShardedState`: the replication of its last commit), so that `hvd.shutdown()` or
+        the interpreter's exit never tears a group down under it. Never raises for a lost
+        peer (the training is over). Nothing to do here."""
+
     def prepare_to_reform(self) -> None:
         """Run on every rank, in the round that ends, once all agreed to re-form (at a commit,
         or at a step when a member leaves), while the old group still works: subclasses merge

@@ -2,10 +2,12 @@
 
 Each round forms a Gloo group of its own for this (`dist.new_group`, by every rank at the
 round's start), so the copies never queue behind the training's collectives. A thread of
-its own sends this rank's blocks to its holders (`Placement.holders`) and receives the
-blocks of the ranks it backs up, then waits, in one small allreduce over the same group,
+its own sends this rank's block (one flat buffer) to its holders (`Placement.holders`) and
+receives the blocks of the ranks it backs up, with collectives only (one
+`all_to_all_single` per replica), then waits, in one small allreduce over the same group,
 until every rank has received all it keeps: from then on the commit is held whole on
-other hosts, and the commit before it is dropped (`Slots.keep_only`).
+other hosts, and the commit before it is dropped (`Slots.keep_only`). Received blocks are
+views into the buffer they arrived in: no copy.
 
 The training thread waits for a replication only when it takes the next commit (or leaves
 the round at a membership change): a step never waits for it otherwise.
@@ -103,35 +105,45 @@ class Replicator:
             self._error = err
 
     def _replicate(self, slots: Slots, slot: Slot) -> None:
+        """Collectives only: Gloo's point-to-point waits close the group's connections when
+        a wait slice times out, its collectives' do not. One all-gather of every rank's
+        block length, then one `all_to_all_single` per replica (the j-th: every rank sends
+        its block to its j-th holder), then an all-reduce as the barrier."""
         own = slot.blocks[self._rank]
-        sends: list[dist.Work] = []
-        for holder in self._placement.holders[self._rank]:
-            length = torch.tensor([len(own.plain)], dtype=torch.int64)
-            sends.append(dist.isend(length, holder, group=self._group, tag=0))
-            for tag, tensor in _payload(own.plain, own.tensors):
-                sends.append(dist.isend(tensor, holder, group=self._group, tag=tag))
-        senders = self._placement.backed_up_by(self._rank)
-        lengths = {sender: torch.zeros(1, dtype=torch.int64) for sender in senders}
-        for sender in senders:
-            self._wait(dist.irecv(lengths[sender], sender, group=self._group, tag=0))
-        arriving: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
-        receives: list[dist.Work] = []
-        for sender in senders:
-            plain = torch.empty(int(lengths[sender]), dtype=torch.uint8)
-            tensors = [
-                torch.empty(meta.local_shape(slot.world, sender), dtype=meta.dtype)
-                for meta in slot.manifest.tensors
-            ]
-            for tag, tensor in _payload(plain, tensors):
-                receives.append(dist.irecv(tensor, sender, group=self._group, tag=tag))
-            arriving[sender] = (plain, tensors)
-        for work in sends + receives:
+        world = len(self._placement.holders)
+        sizes = torch.tensor([own.nbytes(), len(own.plain)], dtype=torch.int64)
+        gathered = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
+        self._wait(dist.all_gather(gathered, sizes, group=self._group, async_op=True))
+        lengths = [int(t[0]) for t in gathered]
+        plains = [int(t[1]) for t in gathered]
+        replicas = max((len(h) for h in self._placement.holders), default=0)
+        for j in range(replicas):
+            holder = self._holder(self._rank, j)
+            senders = [k for k in range(world) if self._holder(k, j) == self._rank]
+            send = [lengths[self._rank] if q == holder else 0 for q in range(world)]
+            receive = [lengths[k] if k in senders else 0 for k in range(world)]
+            incoming = torch.empty(sum(receive), dtype=torch.uint8)
+            outgoing = own.flat if holder is not None else own.flat[:0]
+            work = dist.all_to_all_single(
+                incoming, outgoing, receive, send, group=self._group, async_op=True
+            )
             self._wait(work)
-        for sender, (plain, tensors) in arriving.items():
-            slots.add_replica(slot.id, sender, Block(tensors, plain.numpy().tobytes()))
+            offset = 0
+            for sender in senders:
+                specs = [
+                    (meta.local_shape(slot.world, sender), meta.dtype)
+                    for meta in slot.manifest.tensors
+                ]
+                flat = incoming[offset : offset + lengths[sender]]
+                slots.add_replica(slot.id, sender, Block.unpack(flat, specs, plains[sender]))
+                offset += lengths[sender]
         # Every rank has all it keeps of this commit once every rank is past this point.
         self._wait(dist.all_reduce(torch.zeros(1), group=self._group, async_op=True))
         slots.keep_only([slot.id])
+
+    def _holder(self, rank: int, j: int) -> int | None:
+        held = self._placement.holders[rank]
+        return held[j] if j < len(held) else None
 
     def _wait(self, work: dist.Work) -> None:
         deadline = time.monotonic() + self._timeout
@@ -148,15 +160,3 @@ class Replicator:
                 raise WorkerLostError(f"the round is broken: {reason}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"a transfer took over {self._timeout:g} s")
-
-
-def _payload(plain: bytes | torch.Tensor, tensors: list[torch.Tensor]):
-    """The (tag, tensor) pairs of a block after its length (tag 0): its plain state's bytes
-    (tag 1), then each non-empty tensor (tag 2 + its place)."""
-    if isinstance(plain, bytes):
-        plain = torch.frombuffer(bytearray(plain), dtype=torch.uint8) if plain else torch.empty(0)
-    if plain.numel():
-        yield 1, plain
-    for index, tensor in enumerate(tensors):
-        if tensor.numel():
-            yield 2 + index, tensor

@@ -44,6 +44,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from elastic.state.sampler import merge_sampler_states
 from elastic.state.sharded.checks import available_memory, memory_problem, sharding_problem
 from elastic.state.sharded.errors import ShardedStateError, ShardsLostError
+from elastic.state.sharded.fsdp_comms import elastic_comms
 from elastic.state.sharded.placement import check_replicas, place_replicas
 from elastic.state.sharded.recovery_plan import Choice, SlotId, choose, describe_loss
 from elastic.state.sharded.replication import Replicator
@@ -55,6 +56,7 @@ from elastic.state.torch_state import TorchState, _SamplerHandler
 from elastic.worker import context
 from elastic.worker.collectives.objects import allgather_object
 from elastic.worker.context import WorkerContext
+from elastic.worker.errors import WorkerLostError
 
 __all__ = ["RestoredCommit", "ShardedState"]
 
@@ -138,6 +140,8 @@ class ShardedState(TorchState):
             self._problem = "build(mesh) must return (model, optimizer)"
         else:
             self._problem = sharding_problem(built[0], built[1], mesh)
+            if self._problem is None:  # a dead peer in forward/backward: WorkerLostError
+                elastic_comms(built[0], mesh.device_type)
         object.__setattr__(self, "model", built[0])
         object.__setattr__(self, "optimizer", built[1])
         self._mesh, self._built_for = mesh, key
@@ -192,8 +196,8 @@ class ShardedState(TorchState):
     def _take(self, ctx: WorkerContext, slot_id: SlotId, origin: int, check: bool = False) -> None:
         """Snapshot this rank's blocks as `slot_id` and replicate them; `check` the memory
         they need whatever was checked before (every rank passes the same)."""
-        manifest, blocks = take(self.model, self.optimizer)
-        block = Block([b.contiguous() for b in blocks], self._plain())
+        manifest, shards = take(self.model, self.optimizer)
+        block = Block.pack(shards, self._plain())
         self._check_memory(ctx, manifest, block, check)
         slot = Slot(slot_id, origin, ctx.size, manifest, ctx.rank, {ctx.rank: block})
         self._slots.add(slot)
@@ -239,6 +243,15 @@ class ShardedState(TorchState):
         died meanwhile."""
         if self._replicator is not None:
             self._replicator.wait()
+
+    def finish_background(self) -> None:
+        """The training function returned: finish replicating the last commit before the
+        process group goes (a peer lost meanwhile only abandons the replication)."""
+        try:
+            self.wait_replicated()
+        except WorkerLostError as err:
+            log.warning("ShardedState: the last commit's replication was abandoned: %s", err)
+        self._stop_replication()
 
     def restore(self) -> None:
         """Roll plain values and samplers back to the last commit, and abandon the

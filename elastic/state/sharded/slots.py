@@ -10,7 +10,7 @@ takes the lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -21,16 +21,78 @@ from elastic.state.sharded.snapshot import Manifest
 __all__ = ["Block", "Slot", "Slots"]
 
 
+_ALIGN = 64  # bytes: every tensor of a block starts at a multiple, so any dtype views it
+
+
 @dataclass
 class Block:
-    """One rank's part of a commit: its rows of every sharded tensor (in manifest order)
-    and its plain state (plain values and samplers, pickled)."""
+    """One rank's part of a commit: its rows of every sharded tensor (in manifest order) and
+    its plain state (plain values and samplers, pickled), all in one flat byte buffer
+    (`flat`: the tensors, each aligned, then the plain bytes, then padding to the
+    alignment), which is what replication sends; `tensors` are views into it."""
 
     tensors: list[torch.Tensor]
     plain: bytes
+    flat: torch.Tensor
 
     def nbytes(self) -> int:
-        return len(self.plain) + sum(t.numel() * t.element_size() for t in self.tensors)
+        return self.flat.numel()
+
+    @classmethod
+    def pack(cls, tensors: Sequence[torch.Tensor], plain: bytes) -> Block:
+        """A block holding copies of `tensors` (any device: copied to host memory) and
+        `plain`, in one new buffer."""
+        layout = block_layout([(t.shape, t.dtype) for t in tensors], len(plain))
+        flat = torch.zeros(_aligned(layout[-1]), dtype=torch.uint8)
+        views = _views(flat, [(t.shape, t.dtype) for t in tensors], layout)
+        for view, tensor in zip(views, tensors, strict=True):
+            view.copy_(tensor.detach())
+        if plain:
+            flat[layout[-2] : layout[-1]] = torch.frombuffer(bytearray(plain), dtype=torch.uint8)
+        return cls(views, plain, flat)
+
+    @classmethod
+    def unpack(cls, flat: torch.Tensor, specs: Sequence[TensorSpec], plain: int) -> Block:
+        """The block whose buffer is `flat` (as `pack` lays it out, starting at an aligned
+        address), for tensors of `specs` (shape, dtype) and `plain` bytes of plain state:
+        views, no copy."""
+        layout = block_layout(specs, plain)
+        return cls(
+            _views(flat, specs, layout), flat[layout[-2] : layout[-1]].numpy().tobytes(), flat
+        )
+
+
+TensorSpec = tuple[Sequence[int], torch.dtype]
+
+
+def block_layout(specs: Sequence[TensorSpec], plain: int) -> list[int]:
+    """Where each tensor of `specs` starts in a block's buffer, then where the plain bytes
+    start, then the buffer's length (with `plain` bytes of them)."""
+    offsets, offset = [], 0
+    for shape, dtype in specs:
+        offsets.append(offset)
+        size = _numel(shape) * dtype.itemsize
+        offset += _aligned(size)
+    return [*offsets, offset, offset + plain]
+
+
+def _aligned(size: int) -> int:
+    return -(-size // _ALIGN) * _ALIGN
+
+
+def _views(flat: torch.Tensor, specs: Sequence[TensorSpec], layout: list[int]) -> list:
+    out = []
+    for (shape, dtype), start in zip(specs, layout, strict=False):
+        size = _numel(shape) * dtype.itemsize
+        out.append(flat[start : start + size].view(dtype).view(tuple(shape)))
+    return out
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for dim in shape:
+        n *= int(dim)
+    return n
 
 
 @dataclass

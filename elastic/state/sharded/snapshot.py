@@ -1,8 +1,8 @@
 """What a commit keeps of a sharded model and optimizer, and how it becomes live state again.
 
-A snapshot is a `Manifest` (the same on every rank of a commit) and this rank's blocks: for
+A snapshot is a `Manifest` (the same on every rank of a commit) and this rank's rows of
 every tensor sharded on dimension 0 (a DTensor of the model's or the optimizer's state
-dict), a host-memory copy of this rank's rows (`rows.row_range` of its global shape). The
+dict; `rows.row_range` of its global shape), which `slots.Block.pack` copies to host memory. The
 manifest's `skeleton` is both state dicts with each sharded tensor replaced by a `Ref` to
 its place in the list; tensors that are not sharded (Adam's step counts, the model's
 buffers) and plain values (the optimizer's parameter groups) stay in the skeleton, copied,
@@ -89,7 +89,8 @@ def _walk(value: Any, leaf: Callable[[Any], Any]) -> Any:
 
 def take(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Manifest, list]:
     """Snapshot `model` and `optimizer` (sharded by FSDP2, see `checks.check_sharding`):
-    the manifest and this rank's blocks, both in host memory."""
+    the manifest, in host memory, and this rank's local shards of every sharded tensor,
+    live (the caller copies them: `slots.Block.pack`, before training changes them)."""
     metas: list[TensorMeta] = []
     locals_: list[torch.Tensor] = []
 
@@ -108,8 +109,7 @@ def take(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Mani
         model_skeleton[name] = model_skeleton[tied] if tied in model_skeleton else to_ref(value)
     model_skeleton._metadata = getattr(model_state, "_metadata", None)  # type: ignore[attr-defined]
     skeleton = {"model": model_skeleton, "optimizer": _walk(optimizer.state_dict(), to_ref)}
-    skeleton, blocks = host_snapshot((skeleton, locals_), None)
-    return Manifest(metas, skeleton), blocks
+    return Manifest(metas, host_snapshot(skeleton, None)), locals_
 
 
 def tied_names(model: torch.nn.Module) -> dict[str, str]:

@@ -58,7 +58,7 @@ def build_sharing_memory(mesh: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
 
 def train_step(state: Any, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed * 10 + dist.get_rank())
-    tokens = torch.randint(0, VOCAB, (4, 5), generator=gen)
+    tokens = torch.randint(0, VOCAB, (4, 5), generator=gen).to(context.current().device)
     logits = state.model(tokens[:, :-1])
     loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
     loss.backward()
@@ -74,9 +74,9 @@ def full_state(state: Any) -> dict[str, torch.Tensor]:
     model_sd, optim_sd = get_state_dict(
         state.model, state.optimizer, options=StateDictOptions(full_state_dict=True)
     )
-    flat = {f"model.{k}": v.clone() for k, v in model_sd.items()}
+    flat = {f"model.{k}": v.detach().cpu().clone() for k, v in model_sd.items()}
     for name, values in optim_sd["state"].items():
-        flat.update({f"optim.{name}.{k}": v.clone() for k, v in values.items()})
+        flat.update({f"optim.{name}.{k}": v.cpu().clone() for k, v in values.items()})
     return flat
 
 
@@ -95,8 +95,11 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
-def enter(store: dist.Store, number: int, members: list[int], me: int, hosts=HOSTS) -> None:
-    """Form round `number` of `members` (process ids in rank order) and install its context."""
+def enter(
+    store: dist.Store, number: int, members: list[int], me: int, hosts=HOSTS, device="cpu"
+) -> None:
+    """Form round `number` of `members` (process ids in rank order) over Gloo and install its
+    context, whose tensors live on `device` (tests/gpu passes "cuda")."""
     rank, size = members.index(me), len(members)
     dist.init_process_group(
         "gloo", store=dist.PrefixStore(f"round{number}/", store), rank=rank, world_size=size,
@@ -109,7 +112,7 @@ def enter(store: dist.Store, number: int, members: list[int], me: int, hosts=HOS
     group = dist.group.WORLD
     assert group is not None
     context.activate(
-        context.WorkerContext(slot=slot, round=number, group=group, device=torch.device("cpu"))
+        context.WorkerContext(slot=slot, round=number, group=group, device=torch.device(device))
     )
 
 
@@ -127,11 +130,11 @@ def own_store(port: int) -> tuple[int, dist.Store]:
     return me, store
 
 
-def _shrink_then_grow(port: int) -> dict[str, Any]:
+def _shrink_then_grow(port: int, device: str = "cpu") -> dict[str, Any]:
     from elastic.state.sharded import ShardedState
 
     me, store = own_store(port)
-    enter(store, 1, [0, 1], me)
+    enter(store, 1, [0, 1], me, device=device)
     state = ShardedState(build, replicas=1, sampler=ElasticSampler(range(40)), steps=0)
     state.sync_if_needed(True)
     for commit in (1, 2):
@@ -147,14 +150,14 @@ def _shrink_then_grow(port: int) -> dict[str, Any]:
     leave()
     out: dict[str, Any] = {"expected2": expected2}
     if me == 1:  # it "dies" here and comes back as a joiner with nothing
-        enter(store, 3, [0, 1], me)
+        enter(store, 3, [0, 1], me, device=device)
         joiner = ShardedState(build, replicas=1, sampler=ElasticSampler(range(40)), steps=0)
         joiner.sync_if_needed(True)
         out.update(after_grow=full_state(joiner), steps=joiner.steps)
         out.update(processed=joiner.sampler.processed_num, restored=joiner.last_restore)
         return out
     state.restore()
-    enter(store, 2, [0], me)
+    enter(store, 2, [0], me, device=device)
     state.on_reset()
     state.sync_if_needed(False)
     out.update(after_shrink=full_state(state), shrink_steps=state.steps)
@@ -164,7 +167,7 @@ def _shrink_then_grow(port: int) -> dict[str, Any]:
     state.commit()
     out["expected3"] = full_state(state)
     leave()
-    enter(store, 3, [0, 1], me)
+    enter(store, 3, [0, 1], me, device=device)
     state.on_reset()
     state.sync_if_needed(False)
     out.update(after_grow=full_state(state), steps=state.steps, restored=state.last_restore)
@@ -179,7 +182,11 @@ def free_port() -> int:
 
 
 def test_a_lost_rank_s_shards_come_from_its_replica_and_a_joiner_gets_its_rows() -> None:
-    rank0, rank1 = run_group(_shrink_then_grow, 2, free_port(), timeout=120)
+    assert_shrink_then_grow(*run_group(_shrink_then_grow, 2, free_port(), timeout=120))
+
+
+def assert_shrink_then_grow(rank0: dict[str, Any], rank1: dict[str, Any]) -> None:
+    """What `_shrink_then_grow`'s two ranks must find (tests/gpu reuses it on CUDA)."""
     assert bitwise_equal(rank0["expected2"], rank1["expected2"]) == []
     # 2 -> 1: rank 1's shards come from its replica on rank 0, the state is commit 2's
     assert bitwise_equal(rank0["after_shrink"], rank0["expected2"]) == []
