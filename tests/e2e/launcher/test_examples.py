@@ -46,7 +46,7 @@ def test_elastic_example_survives_a_killed_worker(elasticrun, script: str) -> No
          "--blacklist-cooldown-range", "60", "60",
          sys.executable, str(script), "--epochs", "4", "--samples", "2048"]
     )  # fmt: skip
-    job.wait_for(r"\[0\]<stdout>:epoch 1/4", timeout=120)
+    job.wait_for(r"\[0\]<stdout>:epoch 1/10", timeout=120)
     os.kill(_worker_with_rank(script, 1), signal.SIGKILL)
     assert job.finish(180) == 0, job.output
     assert "[0]<stdout>:epoch 4/4" in job.output
@@ -61,3 +61,39 @@ def _worker_with_rank(script: Path, rank: int) -> int:
             if f"ELASTIC_RANK={rank}".encode() in environ:
                 return pid
     raise AssertionError(f"no worker of rank {rank} runs {script}")
+
+
+def test_the_fsdp_example_learns_through_a_joining_host_and_a_failing_worker(
+    elasticrun, tmp_path: Path
+) -> None:
+    """examples/fsdp_elastic.py (FSDP2 with `hvd.elastic.ShardedState`) on two host names, as
+    a user runs it with a discovery script: a slot joins (2 -> 3 workers, the joiner gets its
+    shards from the others), then that worker is SIGKILLed (3 -> 2, its shards come from
+    their replicas), and the loss still falls from the first epoch to the last."""
+    from tests.e2e.elastic.test_elastic import discovery_args, write_hosts
+
+    script = EXAMPLES / "fsdp_elastic.py"
+    hosts = tmp_path / "hosts"
+    write_hosts(hosts, "localhost:1\n127.0.0.1:1\n")
+    job = elasticrun(
+        ["-np", "2", "--min-np", "2", "--max-np", "3", *discovery_args(),
+         "--failure-scope", "worker", "--blacklist-cooldown-range", "60", "60",
+         sys.executable, str(script), "--epochs", "10", "--samples", "768",
+         "--commit-every", "4"],
+        env={"ELASTIC_HOSTS_FILE": str(hosts)},
+    )  # fmt: skip
+    job.wait_for(r"\[0\]<stdout>:epoch 1/10", timeout=120)
+    first = set(processes_naming(str(script)))
+    write_hosts(hosts, "localhost:2\n127.0.0.1:1\n")
+    job.wait_for(r"elasticrun: round \d+: 3 worker\(s\)", timeout=90)
+    joiner = set(processes_naming(str(script))) - first
+    assert len(joiner) == 1, (first, joiner)
+    job.wait_for(r"<stdout>:epoch \d+/10: loss \S+ on 3 worker\(s\)", timeout=120)
+    os.kill(joiner.pop(), signal.SIGKILL)
+    assert job.finish(180) == 0, job.output
+    losses = [float(m) for m in re.findall(r"\[0\]<stdout>:epoch \d+/10: loss (\S+)", job.output)]
+    # an epoch the kill interrupted after its line, before its commit, is trained again
+    assert len(losses) >= 10 and losses[-1] < losses[0], job.output
+    assert "[0]<stdout>:epoch 10/10" in job.output
+    after_kill = job.output.split("was killed by signal SIGKILL", 1)[1]
+    assert "on 2 worker(s)" in after_kill, job.output
