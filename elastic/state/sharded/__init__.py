@@ -15,6 +15,8 @@ DeviceMesh, its optimizer, plain values and samplers. What it promises:
 * memory: a rank keeps its own share of the state and `replicas` shares of others' (about
   `(1 + replicas)` times its share at rest), and twice that while a commit is being
   replicated (the commit before stays until the new one is held everywhere);
+* a peer that dies inside FSDP2's own collectives (forward, backward) raises
+  `WorkerLostError` like any other collective's (`fsdp_comms`, CPU meshes);
 * what it cannot do is said in one line: bad input (`ShardedStateError`, at the first build
   or commit: `checks`), and more hosts lost than replicas cover (`ShardsLostError`).
 
