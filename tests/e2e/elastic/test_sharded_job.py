@@ -80,18 +80,19 @@ def test_an_fsdp_job_goes_4_3_2_5_with_its_state_bitwise_the_commit_s_each_time(
     os.kill(pids["127.0.0.1"][0], signal.SIGKILL)
     *_, source = next_reform(job, 2)
     assert "taken by 3 rank(s)" in source and "shard(s) of 2 from rank" in source, source
-    # 2 -> 5: localhost gets a third slot at once, 127.0.0.1 comes back after its cooldown;
-    # the joiners get their rows from the incumbents
+    # 2 -> 5: localhost gets a third slot at once, 127.0.0.1 comes back after its cooldown
+    # (in one re-form or two, as the joiners' starts fall); the joiners get their rows from
+    # the incumbents
     write_hosts(hosts, "localhost:3\n127.0.0.1:2\n")
-    *_, source = next_reform(job, 3)
-    assert "every shard from the rank that took it" in source, source
     step, _, source = next_reform(job, 5, timeout=90)
     assert step >= 6 and "every shard from the rank that took it" in source, source
     go.touch()
     assert job.finish(120) == 0, job.output
     assert "training state lost" not in job.output
-    sizes = [int(s) for s in re.findall(r"re-formed round \d+ size (\d+)", "\n".join(job.stdout))]
-    assert sizes == [3, 2, 3, 5], job.output
+    reforms = re.findall(REFORMED.format(size=r"(\d+)"), "\n".join(job.stdout))
+    assert all(verdict == "bitwise equal to the commit" for *_, verdict, _ in reforms), reforms
+    sizes = [int(size) for size, *_ in reforms]
+    assert sizes[:2] == [3, 2] and sizes[-1] == 5 and set(sizes[2:-1]) <= {3, 4}, job.output
     assert assert_exactly_once(tmp_path)["size"] == 5
 
 
