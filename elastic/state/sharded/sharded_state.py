@@ -18,9 +18,13 @@ Contract:
   its new owner (`resharding`): parameters, optimizer state and step counts are then bitwise
   those of that commit, on every world size. A joiner holds nothing and receives its rows.
   `last_restore` says which commit it was.
-* When no commit survives whole (more hosts lost at once than `replicas` covers) every rank
-  raises `ShardsLostError`; bad input raises `ShardedStateError` on every rank at the first
-  commit (`checks`; the run loop's first sync takes it) or at the re-form that finds it.
+* When no commit survives whole (more hosts lost at once than `replicas` covers) the job
+  goes on from the newest durable checkpoint, where a checkpoint directory is named
+  (`checkpoint_dir` or `--checkpoint-dir`: `durable_checkpoint`), and rank 0 says so in one
+  line; without one every rank raises `ShardsLostError`. A job that starts with checkpoints
+  in its directory starts from the newest. Bad input raises `ShardedStateError` on every
+  rank at the first commit (`checks`; the run loop's first sync takes it) or at the re-form
+  that finds it.
 * At a re-form agreed at a step boundary (a notice, a drain, a member leaving), the state
   after that step is committed first (`prepare_to_reform`), so nothing is rolled back.
 * `restore()` (after a lost peer) rolls back plain values and samplers at once; the model and
@@ -43,6 +47,11 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from elastic.state.sampler import merge_sampler_states
 from elastic.state.sharded.checks import available_memory, memory_problem, sharding_problem
+from elastic.state.sharded.durable_checkpoint import (
+    DurableCheckpoints,
+    optimizer_step,
+    resume_line,
+)
 from elastic.state.sharded.errors import ShardedStateError, ShardsLostError
 from elastic.state.sharded.fsdp_comms import elastic_comms
 from elastic.state.sharded.placement import check_replicas, place_replicas
@@ -80,21 +89,29 @@ class RestoredCommit:
 
 
 class ShardedState(TorchState):
-    """Elastic state of an FSDP2 model: `ShardedState(build, replicas=1, **values)`.
+    """Elastic state of an FSDP2 model: `ShardedState(build, replicas=1, checkpoint_dir=None,
+    **values)`.
 
     `build(mesh)` returns `(model, optimizer)` sharded over `mesh` (see the module's
     docstring); other keyword arguments are plain values and `ElasticSampler`s, as in
     `TorchState`. `host_memory` caps the bytes of host memory the commits of a host's
     ranks may use together (default: what the host has available when the state is
-    checked). Needs `hvd.init()` first. Raises `ShardedStateError` at once when a value is a
-    module, optimizer or LR scheduler (those come from `build`) or `replicas` is negative;
-    a `build` that does not shard the documented way, `replicas` of as many hosts as the
-    job has, or commits too large for host memory raise it on every rank at the first
-    commit (the run loop's first sync).
+    checked). `checkpoint_dir` (else the launcher's `--checkpoint-dir`, with its cadence and
+    number kept) gets durable checkpoints in DCP's format (`durable_checkpoint`). Needs
+    `hvd.init()` first. Raises `ShardedStateError` at once when a value is a module,
+    optimizer or LR scheduler (those come from `build`) or `replicas` is negative; a `build`
+    that does not shard the documented way, `replicas` of as many hosts as the job has, or
+    commits too large for host memory raise it on every rank at the first commit (the run
+    loop's first sync).
     """
 
     def __init__(
-        self, build: Build, replicas: int = 1, host_memory: int | None = None, **kwargs: Any
+        self,
+        build: Build,
+        replicas: int = 1,
+        host_memory: int | None = None,
+        checkpoint_dir: str | None = None,
+        **kwargs: Any,
     ) -> None:
         for name, value in kwargs.items():
             if isinstance(value, _BUILT_BY_BUILD):
@@ -106,6 +123,9 @@ class ShardedState(TorchState):
             raise ShardedStateError(f"ShardedState(replicas={replicas}): must be 0 or more")
         ctx = context.current("ShardedState")
         super().__init__(**kwargs)
+        # Durable checkpoints (durable_checkpoint.py) take the place of TorchState's commits.
+        self._durable = None
+        self._checkpoints = DurableCheckpoints.from_settings(checkpoint_dir)
         self._build, self._replicas = build, replicas
         self._host_memory = host_memory
         self._problem: str | None = None  # what is wrong with the model built for the round
@@ -118,6 +138,13 @@ class ShardedState(TorchState):
         self._callbacks_due = False
         self.last_restore: RestoredCommit | None = None
         self._rebuild(ctx)
+
+    @property
+    def durable_checkpoints(self) -> DurableCheckpoints | None:
+        """The writer and loader of durable checkpoints (None without a checkpoint
+        directory): `written`, the newest commit whose checkpoint this rank saw finished;
+        `error`, the last write's failure; `wait()`, for the write in flight."""
+        return self._checkpoints
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in ("model", "optimizer") and "_slots" in self.__dict__:
@@ -184,6 +211,9 @@ class ShardedState(TorchState):
         ctx = context.current("ShardedState.commit")
         count = self._commit_count + 1
         self._take(ctx, SlotId(count, ctx.round), count)
+        if self._checkpoints is not None:  # durable checkpoints (durable_checkpoint.py)
+            plain = self._plain_values()
+            self._checkpoints.at_commit(ctx, count, self.model, self.optimizer, plain)
 
     def _plain(self) -> bytes:
         samplers = {
@@ -192,6 +222,15 @@ class ShardedState(TorchState):
             if isinstance(handler, _SamplerHandler)
         }
         return pickle.dumps({"objects": self._saved, "samplers": samplers})
+
+    def _plain_values(self) -> dict[str, Any]:
+        """`_plain()` before pickling: what a durable checkpoint keeps of this rank."""
+        samplers = {
+            name: handler.saved
+            for name, handler in self._handlers.items()
+            if isinstance(handler, _SamplerHandler)
+        }
+        return {"objects": self._saved, "samplers": samplers}
 
     def _take(self, ctx: WorkerContext, slot_id: SlotId, origin: int, check: bool = False) -> None:
         """Snapshot this rank's blocks as `slot_id` and replicate them; `check` the memory
@@ -303,6 +342,8 @@ class ShardedState(TorchState):
         held_by = [held for _, held, *_ in survey]
         newest = max(max(commit, job) for _, _, commit, job, _ in survey)
         choice = choose(held_by)
+        if choice is None and self._resume_durable(ctx, hosts, newest):
+            return  # went on from a durable checkpoint (durable_checkpoint.py)
         if choice is None and newest > 0:
             self._no_commit_survives(describe_loss(held_by, self._replicas))
         self._enter_round(ctx, hosts, first=choice is None)
@@ -330,12 +371,45 @@ class ShardedState(TorchState):
             State.on_reset(self)
 
     def _no_commit_survives(self, why: str) -> None:
-        """No commit is held whole. The place where a durable checkpoint of the sharded state
-        will be loaded; until then every rank raises `ShardsLostError`."""
-        raise ShardsLostError(
-            f"ShardedState: {why}; the job cannot go on from memory (durable checkpoints of "
-            "sharded state are not available yet)"
+        """No commit is held whole, and no durable checkpoint loads: every rank raises
+        `ShardsLostError`."""
+        checkpoints = self._checkpoints
+        disk = (
+            f"no durable checkpoint in {checkpoints.directory.url} could be loaded"
+            if checkpoints is not None
+            else "name a checkpoint directory (--checkpoint-dir) to resume from disk"
         )
+        raise ShardsLostError(f"ShardedState: {why}; the job cannot go on from memory ({disk})")
+
+    def _resume_durable(self, ctx: WorkerContext, hosts: list[str], newest: int) -> bool:
+        """No commit is held whole, or the job starts: go on from the newest durable
+        checkpoint where there is one (`durable_checkpoint`), loaded into the model built for
+        this round, and say so. A collective; False (nothing changed) when none loads."""
+        checkpoints = self._checkpoints
+        if checkpoints is None:
+            return False
+        live_step = optimizer_step(self.optimizer)
+        self._rebuild(ctx)
+        resumed, reached, tried = checkpoints.resume(ctx, self.model, self.optimizer, live_step)
+        if resumed is None:
+            if tried:  # a failed load may have written into the model: build it anew
+                self._built_for = None
+            return False
+        self._enter_round(ctx, hosts, first=True)
+        self._slots.keep_only(())
+        self._commit_count = max(newest, resumed.commit)
+        self._load_plain(resumed.plain)
+        self._take(ctx, SlotId(self._commit_count, ctx.round), resumed.commit, check=True)
+        reason = f"the durable checkpoint of commit {resumed.commit} in {resumed.url}"
+        self.last_restore = RestoredCommit(resumed.commit, resumed.world, reason)
+        if ctx.on_commit is not None:
+            ctx.on_commit(self._commit_count)
+        if ctx.rank == 0:
+            log.warning(resume_line(resumed, self._replicas, newest > 0, reached, newest))
+        if self._callbacks_due:
+            self._callbacks_due = False
+            State.on_reset(self)
+        return True
 
     def _load(self, ctx: WorkerContext, choice: Choice) -> None:
         """Make `choice`'s commit the live state over this round's mesh."""
