@@ -52,6 +52,8 @@ __all__ = ["DurableCheckpoints", "Resumed", "optimizer_step", "resume_line"]
 
 log = logging.getLogger("elastic")
 
+RESUME_WAIT = 10.0  # seconds rank 0 waits for its own write in flight before choosing
+
 
 @dataclass(frozen=True)
 class Resumed:
@@ -308,7 +310,12 @@ class DurableCheckpoints:
             refused.add(f"{marker.name}.json")
 
     def _pick(self, refused: set[str]) -> Marker | None:
-        """Rank 0: the newest checkpoint that verifies, not among `refused`."""
+        """Rank 0: the newest checkpoint that verifies, not among `refused`, once its own
+        write in flight is over (within `RESUME_WAIT` seconds: every rank may have written
+        its files, only the marker missing)."""
+        if not self._idle.wait(RESUME_WAIT):
+            log.warning("the durable checkpoint in flight did not end within %g s: not waited "
+                        "for", RESUME_WAIT)  # fmt: skip
         directory = self.directory
         try:
             names = [n for n in directory.names() if n not in refused]

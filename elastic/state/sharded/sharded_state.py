@@ -395,7 +395,7 @@ class ShardedState(TorchState):
             if tried:  # a failed load may have written into the model: build it anew
                 self._built_for = None
             return False
-        self._enter_round(ctx, hosts, first=True)
+        self._enter_round(ctx, hosts, first=newest == 0)
         self._slots.keep_only(())
         self._commit_count = max(newest, resumed.commit)
         self._load_plain(resumed.plain)
