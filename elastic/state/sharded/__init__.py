@@ -19,6 +19,9 @@ DeviceMesh, its optimizer, plain values and samplers. What it promises:
   `WorkerLostError` like any other collective's (`fsdp_comms`, CPU meshes);
 * what it cannot do is said in one line: bad input (`ShardedStateError`, at the first build
   or commit: `checks`), and more hosts lost than replicas cover (`ShardsLostError`).
+* with a checkpoint directory, durable checkpoints in `torch.distributed.checkpoint`'s
+  format are written in the background (`durable_checkpoint`, `checkpoint_files`); more
+  hosts lost than replicas cover then resume from the newest, at any world size.
 
 Nothing here is imported by the Horovod-style path: `elastic.torch.elastic` imports it on
 first use of its names.

@@ -186,7 +186,7 @@ class DurableCheckpoints:
         refused = None
         if due and not self.directory.trust_pickles:
             refused = refusal_of({"objects": plain["objects"]})
-        flags = torch.tensor([due, not self._idle.is_set(), refused is not None])
+        flags = torch.tensor([due, not self._idle.is_set(), refused is not None], dtype=torch.int64)
         due_any, busy_any, refused_any = (bool(v) for v in allreduce(flags, op=Max).tolist())
         if refused_any:
             raise UnloadableCommit(

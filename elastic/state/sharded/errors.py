@@ -16,5 +16,5 @@ class ShardedStateError(ElasticError, ValueError):
 class ShardsLostError(ElasticError, RuntimeError):
     """No commit survives whole: some shard of every commit was held only by workers that are
     gone (more hosts were lost at once than `replicas` covers). Raised on every rank at the
-    re-form; the job cannot go on from memory. Durable checkpoints of sharded state are the
-    fallback for this case (`ShardedState` takes no checkpoint directory yet)."""
+    re-form, when no durable checkpoint loads either (none in the checkpoint directory, or
+    no checkpoint directory named: `durable_checkpoint`)."""

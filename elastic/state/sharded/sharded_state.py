@@ -216,15 +216,11 @@ class ShardedState(TorchState):
             self._checkpoints.at_commit(ctx, count, self.model, self.optimizer, plain)
 
     def _plain(self) -> bytes:
-        samplers = {
-            name: handler.saved
-            for name, handler in self._handlers.items()
-            if isinstance(handler, _SamplerHandler)
-        }
-        return pickle.dumps({"objects": self._saved, "samplers": samplers})
+        return pickle.dumps(self._plain_values())
 
     def _plain_values(self) -> dict[str, Any]:
-        """`_plain()` before pickling: what a durable checkpoint keeps of this rank."""
+        """This rank's plain values and samplers, as commits and durable checkpoints keep
+        them."""
         samplers = {
             name: handler.saved
             for name, handler in self._handlers.items()
