@@ -243,3 +243,50 @@ def test_an_fsspec_url_writes_and_loads_the_same_way() -> None:
         "sharded-000000000005-r1", "sharded-000000000005-r1.json",
         "sharded-000000000008-r1", "sharded-000000000008-r1.json",
     ]  # fmt: skip
+
+
+def test_settings_come_from_the_launcher_unless_the_state_names_a_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from elastic.protocol.env import CheckpointSettings
+    from elastic.state.sharded.durable_checkpoint import DurableCheckpoints
+
+    for name in CheckpointSettings(directory="x").to_env():
+        monkeypatch.delenv(name, raising=False)
+    assert DurableCheckpoints.from_settings() is None, "nothing to pay without a directory"
+    settings = CheckpointSettings(str(tmp_path / "a"), every=3, keep=4, trust_pickles=True)
+    for name, value in settings.to_env().items():
+        monkeypatch.setenv(name, value)
+    from_launcher = DurableCheckpoints.from_settings()
+    assert from_launcher is not None and from_launcher.directory.url == str(tmp_path / "a")
+    assert (from_launcher._every, from_launcher._keep) == (3, 4)
+    assert from_launcher.directory.trust_pickles
+    own = DurableCheckpoints.from_settings(str(tmp_path / "b"))
+    assert own is not None and own.directory.url == str(tmp_path / "b")
+
+
+def test_a_checkpoint_is_due_every_n_commits_or_after_the_interval(tmp_path: Path) -> None:
+    from elastic.state.sharded.durable_checkpoint import DurableCheckpoints
+
+    now = [0.0]
+    checkpoints = DurableCheckpoints(
+        ShardedCheckpointDir(str(tmp_path)), every=3, interval=60.0, clock=lambda: now[0]
+    )
+    assert checkpoints._due(1), "the first commit"
+    checkpoints._last = (1, 0.0)
+    assert [checkpoints._due(c) for c in (2, 3, 4)] == [False, False, True]
+    now[0] = 61.0
+    assert checkpoints._due(2)
+
+
+def test_the_optimizer_step_is_adam_s_count() -> None:
+    from elastic.state.sharded.durable_checkpoint import optimizer_step
+
+    model = torch.nn.Linear(2, 1)
+    adam = torch.optim.Adam(model.parameters())
+    assert optimizer_step(adam) is None
+    for _ in range(3):
+        model(torch.ones(1, 2)).sum().backward()
+        adam.step()
+    assert optimizer_step(adam) == 3
+    assert optimizer_step(torch.optim.SGD(model.parameters(), lr=0.1)) is None
