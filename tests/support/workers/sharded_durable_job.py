@@ -3,7 +3,9 @@
 A tiny language model sharded with `fully_shard` over each round's mesh, in a
 `hvd.elastic.ShardedState` with `replicas=1`; durable checkpoints go to the launcher's
 `--checkpoint-dir`. It commits every `--commit-every` steps and prints one line per step
-(`step N size S host H`). With `--lose-at-step K --lose-hosts A,B`, the workers on those
+(`step N size S host H`). Before each commit it waits for the checkpoint in flight, so that
+every commit is checkpointed (a commit whose checkpoint would find one in flight skips it).
+With `--lose-at-step K --lose-hosts A,B`, the workers on those
 hosts wait at step K for the checkpoint in flight to be written (so the test knows which is
 the newest) and SIGKILL themselves, once: a file in `--out` remembers it. Usage:
 
@@ -76,11 +78,11 @@ def main() -> None:
             state.steps += 1
             print(f"step {state.steps} size {hvd.size()} host {host}", flush=True)
             if state.steps % args.commit_every == 0:
+                assert state.durable_checkpoints is not None, "run with --checkpoint-dir"
+                state.durable_checkpoints.wait(60)
                 state.commit()
             if state.steps == args.lose_at_step and not lost_once.exists():
-                checkpoints = state.durable_checkpoints
-                assert checkpoints is not None, "run with --checkpoint-dir"
-                checkpoints.wait(60)  # every rank: the newest checkpoint is finished
+                state.durable_checkpoints.wait(60)  # every rank: the newest is finished
                 if host in args.lose_hosts.split(","):
                     lost_once.touch()
                     os.kill(os.getpid(), signal.SIGKILL)
