@@ -327,6 +327,8 @@ class ShardedState(TorchState):
         dies meanwhile (the holders keep what they hold for the next try)."""
         ctx = context.current("ShardedState.sync")
         self._stop_replication()
+        optimizer = self.__dict__.get("optimizer")  # the step reached, before the rebuild
+        live_step = optimizer_step(optimizer) if optimizer is not None else None
         self._rebuild(ctx)  # local: build(mesh) uses no collectives
         survey = allgather_object(
             (ctx.slot.hostname, self._slots.held(), self._commit_count, ctx.job_commit,
@@ -338,8 +340,9 @@ class ShardedState(TorchState):
         held_by = [held for _, held, *_ in survey]
         newest = max(max(commit, job) for _, _, commit, job, _ in survey)
         choice = choose(held_by)
-        if choice is None and self._resume_durable(ctx, hosts, newest):
+        if choice is None and self._resume_durable(ctx, hosts, newest, live_step):
             return  # went on from a durable checkpoint (durable_checkpoint.py)
+        self._rebuild(ctx)  # anew if a failed load wrote into the model
         if choice is None and newest > 0:
             self._no_commit_survives(describe_loss(held_by, self._replicas))
         self._enter_round(ctx, hosts, first=choice is None)
@@ -377,15 +380,16 @@ class ShardedState(TorchState):
         )
         raise ShardsLostError(f"ShardedState: {why}; the job cannot go on from memory ({disk})")
 
-    def _resume_durable(self, ctx: WorkerContext, hosts: list[str], newest: int) -> bool:
+    def _resume_durable(
+        self, ctx: WorkerContext, hosts: list[str], newest: int, live_step: int | None
+    ) -> bool:
         """No commit is held whole, or the job starts: go on from the newest durable
         checkpoint where there is one (`durable_checkpoint`), loaded into the model built for
-        this round, and say so. A collective; False (nothing changed) when none loads."""
+        this round, and say so; `live_step` is the optimizer's step this rank had reached
+        (None where it keeps none). A collective; False (nothing changed) when none loads."""
         checkpoints = self._checkpoints
         if checkpoints is None:
             return False
-        live_step = optimizer_step(self.optimizer)
-        self._rebuild(ctx)
         resumed, reached, tried = checkpoints.resume(ctx, self.model, self.optimizer, live_step)
         if resumed is None:
             if tried:  # a failed load may have written into the model: build it anew
