@@ -22,30 +22,7 @@ from elastic.protocol.http import SlotInfo
 from elastic.state import ElasticSampler
 from elastic.worker import context
 from tests.support.worker_group import run_group
-
-VOCAB = 11  # rows that 2, 3 and 4 ranks cannot all share evenly
-
-
-class TinyLM(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, 6)
-        self.block = nn.Sequential(nn.Linear(6, 7), nn.GELU(), nn.Linear(7, 6))
-        self.head = nn.Linear(6, VOCAB, bias=False)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed(tokens)
-        return self.head(hidden + self.block(hidden))
-
-
-def build(mesh: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    model = TinyLM()
-    fully_shard(model.block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+from tests.support.workers.tiny_lm import VOCAB, build
 
 
 def train_step(state: Any, seed: int) -> None:

@@ -21,31 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tiny_lm import VOCAB, build  # this script's folder is first on its path
 from torch import nn
-
-VOCAB = 13
-
-
-class TinyLM(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, 8)
-        self.block = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
-        self.head = nn.Linear(8, VOCAB, bias=False)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed(tokens)
-        return self.head(hidden + self.block(hidden))
-
-
-def build(mesh: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    model = TinyLM()
-    fully_shard(model.block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
 
 
 def main() -> None:

@@ -34,36 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tiny_lm import VOCAB, build  # this script's folder is first on its path
 from torch import nn
 
 import elastic.torch as hvd
 from elastic.worker import context
 
-VOCAB, WIDTH, HIDDEN, SEQ = 13, 6, 7, 6
-
-
-class TinyLM(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.block = nn.Sequential(nn.Linear(WIDTH, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, WIDTH))
-        self.norm = nn.LayerNorm(WIDTH)
-        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed(tokens)
-        return self.head(self.norm(hidden + self.block(hidden)))
-
-
-def build(mesh: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """The user's part: the same model on every rank, sharded over the round's mesh."""
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    model = TinyLM()
-    fully_shard(model.block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+SEQ = 6
 
 
 def full_state(state: Any) -> dict[str, torch.Tensor]:
