@@ -29,6 +29,7 @@ from elastic.driver.observe.stalls import find_stall, rank_activities, same_stal
 from elastic.driver.observe.timeline import RoundTimeline
 from elastic.driver.policy import (
     actions,
+    end_causes,
     forming,
     host_changes,
     leaving,
@@ -60,6 +61,7 @@ from elastic.driver.reports import (
     WorkerExited,
 )
 from elastic.driver.settings import Settings
+from elastic.driver.worker_history import WorkerHistory
 from elastic.driver.workers import Worker, WorkerState
 from elastic.protocol.http import DecisionRecord, StallReport
 
@@ -83,12 +85,13 @@ class Conductor:
     """Carries a job from its first round to its end, one report at a time (`hear`).
 
     `phase` says where the job is (`Phase`); `tally` counts its rounds and commits;
-    `decisions` keeps the newest decisions with their reasons; `timeline` the rounds with
-    their causes and recovery times; `stall` the current round's stall (`find_stall`), if
-    any. It acts through the parts it is given: `fleet` (processes), `staffing` (new
-    workers), `rendezvous` (through its `RoundKeeper`, `rounds`), `watcher` (hosts),
-    `save_soon` (the journal), `spawn` (a task of the job) and `finish(code, message)`,
-    which ends the job.
+    `history` bounds the ended workers' records (after each exit and each round formed) and
+    counts them; `decisions` keeps the newest decisions with their reasons; `timeline` the
+    rounds with their causes and recovery times; `stall` the current round's stall
+    (`find_stall`), if any. It acts through the parts it is given: `fleet` (processes),
+    `staffing` (new workers), `rendezvous` (through its `RoundKeeper`, `rounds`), `watcher`
+    (hosts), `save_soon` (the journal), `spawn` (a task of the job) and `finish(code,
+    message)`, which ends the job.
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class Conductor:
         )  # fmt: skip
         self.phase = Phase.RUNNING
         self.tally = Tally()
+        self.history = WorkerHistory(self._workers, settings.worker_history)
         self.decisions: deque[DecisionRecord] = deque(maxlen=DECISIONS_KEPT)
         self.timeline = timeline or RoundTimeline(clock)
         self.stall: StallReport | None = None
@@ -222,6 +226,7 @@ class Conductor:
     def stop(self, worker: Worker) -> None:
         """Stop `worker` for good: exclude it, SIGTERM it, SIGKILL it after --stop-grace."""
         worker.state = WorkerState.STOPPED
+        worker.end_cause = worker.end_cause or end_causes.STOPPED
         self._rendezvous.exclude(worker.worker_id)
         self._save_soon()
         self._fleet.stop(worker)
@@ -245,6 +250,7 @@ class Conductor:
         process = report.worker.process
         unwatched = process is not None and process.ended_unwatched
         self.apply(worker_events.exited(self.view(), report.worker, unwatched, self._clock()))
+        self._retire()
 
     def _on_judged(self, report: Judged) -> None:
         timeout, now = self._settings.start_timeout, self._clock()
@@ -271,15 +277,19 @@ class Conductor:
         if (worker := self._workers.get(report.worker_id)) is not None:
             worker.joined = True
 
+    # A report about a worker was made while it lived; its record may be gone since (it
+    # ended, and `history` dropped it), hence `.get` below.
+
     def _on_heard(self, report: Heard) -> None:
-        if self._workers[report.worker_id].state.alive:
-            self._note_commit(self._workers[report.worker_id], report.commit)
+        worker = self._workers.get(report.worker_id)
+        if worker is not None and worker.state.alive:
+            self._note_commit(worker, report.commit)
             self.apply(worker_events.caught_up(self.view(), report.round))
 
     def _on_leave_asked(self, report: LeaveAsked) -> None:
-        worker = self._workers[report.worker_id]
-        if worker.state.alive:  # its commit first: a restarted driver may not know it yet
-            self._note_commit(worker, report.commit)
+        worker = self._workers.get(report.worker_id)
+        if worker is not None and worker.state.alive:  # its commit first: a restarted
+            self._note_commit(worker, report.commit)  # driver may not know it yet
             self.apply(leaving.asked(self.view(), worker, report.reason))
 
     def _on_unreachable(self, report: PeersUnreachable) -> None:
@@ -300,7 +310,9 @@ class Conductor:
             self.apply(worker_events.keys_lost(self.view(), report.round))
 
     def _on_durable(self, report: DurableStale) -> None:
-        worker = self._workers[report.worker_id]
+        worker = self._workers.get(report.worker_id)
+        if worker is None:
+            return
         self.apply(worker_events.durable_stale(worker, report.stale, report.written))
 
     def _on_drain(self, report: DrainAsked) -> None:
@@ -343,6 +355,10 @@ class Conductor:
         for worker_id in members:
             if self._workers[worker_id].state is WorkerState.LAUNCHING:
                 self._workers[worker_id].state = WorkerState.MEMBER  # a leaving one stays so
+        # Only the current round's failures and lost keys are ever looked up again.
+        self._failure_reported = {n for n in self._failure_reported if n >= number}
+        self._keys_lost = {n for n in self._keys_lost if n >= number}
+        self._retire()  # the previous round's dead members are no members any more
         self._save_soon()
 
     def _wait_for_workers(self, action: actions.WaitForWorkers) -> None:
@@ -385,6 +401,7 @@ class Conductor:
     def _mark_ended(self, action: actions.MarkEnded) -> None:
         worker = self._workers[action.worker_id]
         worker.state = WorkerState.FAILED if action.failed else WorkerState.EXITED
+        worker.end_cause = action.cause or worker.end_cause
         worker.handing_over = False  # ended: its state goes with it
 
     def _mark_exiting(self, action: actions.MarkExiting) -> None:
@@ -473,6 +490,14 @@ class Conductor:
         host = worker.hostname if worker is not None else None
         return tags(line.event, rank=slot.rank if slot is not None else None, host=host)
 
+    def _retire(self) -> None:
+        """Drop the records of ended workers past --worker-history (`history.retire`), and
+        what the driver kept for them."""
+        for worker in self.history.retire(self._rendezvous.slots):
+            self._channels.forget(worker.worker_id)
+            self._rendezvous.forget(worker.worker_id)
+            self._leavers.discard(worker.worker_id)
+
     def _where(self, worker_id: str) -> str:
         return self.view().where(self._workers[worker_id])
 
@@ -487,6 +512,6 @@ class Conductor:
         """Let go the leavers whose state is held elsewhere now (`leaving.handovers`); costs
         nothing while nobody hands its state over, as at every commit of a large job."""
         workers = self._workers
-        self._leavers = {w for w in self._leavers if workers[w].handing_over}
+        self._leavers = {w for w in self._leavers if (o := workers.get(w)) and o.handing_over}
         if self._leavers:
             self.apply(leaving.handovers(self.view(), self._watcher.usable()))

@@ -321,7 +321,7 @@ class Job:
         return snapshot(
             self._rendezvous, self._workers.values(), self._watcher.tracker,
             self._conductor.tally, self._fleet.serial, not self._conductor.phase.forms_rounds,
-            time.time() - self._clock(),
+            time.time() - self._clock(), self._conductor.history.dropped,
         )  # fmt: skip
 
     def _restore(self, documents: dict[str, bytes], token: GivenToken) -> None:
@@ -350,6 +350,7 @@ class Job:
         restore_hosts(self._watcher.tracker, state, time.time() - self._clock(), self._clock())
         tally = Tally(state.resets, state.update_version, state.newest_commit)
         self._conductor.resume(tally, state.finishing)
+        self._conductor.history.restore(state.ended_by_state, state.ended_by_cause)
         alive = sum(1 for w in saved.workers if w.state.alive)
         log.info(
             "resuming job %s at round %d: %d worker(s) to re-adopt", self.job_id, state.round,
@@ -481,4 +482,5 @@ class Job:
             stall=self._conductor.stall,
             urls=urls_of(self._endpoints.url) if self._endpoints is not None else None,
             log_tail=list(self._log_tail.lines),
+            ended=self._conductor.history.counts(),
         )

@@ -23,6 +23,10 @@ from elastic.protocol.etcd import EtcdOptions
 
 MAX_NP = 65_536
 """The most workers a job may ask for (-np, --min-np, --max-np)."""
+DEFAULT_WORKER_HISTORY = 32
+"""Ended workers whose records a job keeps, the newest (--worker-history)."""
+MAX_WORKER_HISTORY = 100_000
+"""The most ended workers whose records a job may keep (--worker-history)."""
 
 _JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -135,6 +139,7 @@ class Settings:
     stall_warning: float = 60.0  # seconds ranks wait in one collective before a stall line
     stall_timeout: float | None = None  # seconds after which the ranks behind have failed
     log_format: str = "text"  # the launcher's lines: "text" for people, "json" a line each
+    worker_history: int = DEFAULT_WORKER_HISTORY  # ended workers whose records are kept
 
     def __post_init__(self) -> None:
         """Raise `SettingsError` for no command, no -np outside elastic mode, a count or
@@ -169,6 +174,10 @@ class Settings:
                 check_allowed_host(entry)
             except ValueError as err:
                 raise SettingsError(f"--allowed-hosts: {err}") from None
+        if not 0 <= self.worker_history <= MAX_WORKER_HISTORY:
+            raise SettingsError(
+                f"--worker-history must be 0 to {MAX_WORKER_HISTORY}, got {self.worker_history}"
+            )
         if self.log_format not in LOG_FORMATS:
             raise SettingsError(
                 f"--log-format must be {' or '.join(LOG_FORMATS)}, got {self.log_format!r}"

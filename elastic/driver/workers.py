@@ -1,4 +1,5 @@
-"""The driver's record of every worker process it launched."""
+"""The driver's record of each worker process it launched (of ended ones, the newest: see
+`elastic.driver.worker_history`)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ class Worker:
     leave_cause: str = "leave"  # what for (a `policy.causes.Cause`), while `handing_over`
     waiting_since: float | None = None  # when it first waited at the rendezvous to join
     progress: WorkerProgress = field(default_factory=WorkerProgress)  # its heartbeats say
+    end_cause: str = ""  # why it ended, once it has (`policy.end_causes`; "": not said)
+    ended_at: float | None = None  # when its process's end was seen (the driver's clock)
 
     @property
     def serial(self) -> str:

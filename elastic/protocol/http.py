@@ -198,6 +198,11 @@ class WorkerStatus(Strict):
         default=None, description="seconds since its last heartbeat reached the driver"
     )
     collective: CollectiveStatus | None = None
+    end_cause: str | None = Field(
+        default=None,
+        description="an ended worker's cause, as `JobStatus.ended_by_cause` counts it (\"signal "
+        'SIGKILL", "exit 1", "hung", "left", "stopped", ...); None while it lives',
+    )
 
 
 class DecisionRecord(Strict):
@@ -269,7 +274,15 @@ class JobStatus(Strict):
     epoch: int = Field(default=0, description="deprecated: the same as `round`")
     size: int
     hosts: list[HostStatus]
-    workers: list[WorkerStatus]
+    workers: list[WorkerStatus]  # the live ones, and the newest ended ones (--worker-history)
+    ended_total: int = Field(default=0, description="workers that ended since the job began")
+    ended_by_state: dict[str, int] = Field(
+        default_factory=dict, description="ended workers by state: exited, failed, stopped"
+    )
+    ended_by_cause: dict[str, int] = Field(
+        default_factory=dict,
+        description="ended workers by cause (see `WorkerStatus.end_cause`), listed or not",
+    )
     decisions: list[DecisionRecord] = []  # the newest last, at most 50
     durable: DurableStatus | None = None  # None: no durable commits (no --checkpoint-dir)
     rounds: list[RoundRecord] = []  # the newest last, at most 100

@@ -44,6 +44,10 @@ def describe(job_id: str, documents: dict[str, bytes]) -> str:
         pid = f" pid {worker.pid}" if worker.pid is not None else ""
         commits = f" commits {worker.commit}" if worker.commit else ""
         lines.append(f"  {where:<8} {worker.worker_id:<28} {worker.state}{pid}{commits}{code}")
+    if dropped := sum(state.ended_by_cause.values()):
+        causes = sorted(state.ended_by_cause.items(), key=lambda item: (-item[1], item[0]))
+        counted = ", ".join(f"{count} {cause}" for cause, count in causes)
+        lines.append(f"  and {dropped} older ended worker(s): {counted}")
     now = time.time()
     for cooldown in state.cooldowns:
         if cooldown.until > now:

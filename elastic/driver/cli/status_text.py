@@ -8,6 +8,7 @@ from elastic.protocol.http import HostStatus, JobStatus, RoundRecord, WorkerStat
 
 ROUNDS_SHOWN = 5
 DECISIONS_SHOWN = 5
+CAUSES_SHOWN = 5  # the most frequent causes of ended workers named; the rest are summed
 
 
 def _seconds(value: float | None) -> str:
@@ -28,8 +29,8 @@ def _host(host: HostStatus, now: float) -> str:
 def _worker(worker: WorkerStatus) -> list[str]:
     rank = "-" if worker.rank is None else str(worker.rank)
     if worker.state not in ("launching", "member", "leaving"):
-        code = "" if worker.exit_code is None else f" (exit {worker.exit_code})"
-        return [rank, worker.hostname, worker.state + code, "", "", "", ""]
+        how = worker.end_cause or (None if worker.exit_code is None else f"exit {worker.exit_code}")
+        return [rank, worker.hostname, worker.state + (f" ({how})" if how else ""), "", "", "", ""]
     rate = "-" if worker.step_rate is None else f"{worker.step_rate:.2f}"
     collective = "-"
     if worker.collective is not None:
@@ -62,6 +63,20 @@ def _round(entry: RoundRecord) -> str:
     )
 
 
+def ended_line(status: JobStatus) -> str | None:
+    """ "ended workers: 214 (212 signal SIGKILL, 2 stopped); the newest 32 listed", or None
+    when no worker ended."""
+    if not status.ended_total:
+        return None
+    causes = sorted(status.ended_by_cause.items(), key=lambda item: (-item[1], item[0]))
+    named = [f"{count} {cause}" for cause, count in causes[:CAUSES_SHOWN]]
+    if rest := sum(count for _, count in causes[CAUSES_SHOWN:]):
+        named.append(f"{rest} other")
+    listed = sum(1 for w in status.workers if w.state not in ("launching", "member", "leaving"))
+    shown = "" if listed >= status.ended_total else f"; the newest {listed} listed"
+    return f"ended workers: {status.ended_total} ({', '.join(named)}){shown}"
+
+
 def render(status: JobStatus, now: float | None = None) -> str:
     """The job's round and size, hosts, workers, stall, newest rounds and decisions, URLs."""
     now = time.time() if now is None else now
@@ -74,6 +89,8 @@ def render(status: JobStatus, now: float | None = None) -> str:
     if order:
         header = ["rank", "host", "state", "steps/s", "commit age", "heartbeat", "collective"]
         lines += _table([header, *(_worker(w) for w in order)])
+    if (ended := ended_line(status)) is not None:
+        lines.append(ended)
     if status.stall is not None:
         lines.append(f"STALL: {status.stall.line}")
     if status.durable is not None:

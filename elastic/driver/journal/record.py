@@ -41,6 +41,7 @@ class WorkerRecord(BaseModel):
     handing_over: bool = False  # leaving, but holds the newest commit: stays until passed on
     leave_reason: str = ""  # why it leaves, while it hands its state over
     leave_cause: str = "leave"  # what for (preemption, drain, ...), while it hands it over
+    end_cause: str = ""  # why it ended, once it has ("": not said, or saved by an older driver)
 
 
 class CooldownRecord(BaseModel):
@@ -66,6 +67,10 @@ class JobState(BaseModel):
     update_version: int = 0
     finishing: bool = False
     newest_commit: int = 0  # the newest commit count any worker reported
+    # Ended workers whose records are not among `workers`, counted (none: an older driver
+    # saved every record it had, or the newest 100 ended ones)
+    ended_by_state: dict[str, int] = Field(default_factory=dict)
+    ended_by_cause: dict[str, int] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod

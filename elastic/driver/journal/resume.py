@@ -30,12 +30,13 @@ from elastic.driver.journal.record import (
 )
 from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.settings import BackendSettings, Settings
+from elastic.driver.worker_history import EndedCounts, has_ended
 from elastic.driver.workers import Worker, WorkerState
 from elastic.protocol.etcd import LEGACY_SECRET, SEALED, mac_key
 from elastic.protocol.etcd_trust import document_authentic, token_matches
 
 ADOPT_GRACE = 10.0  # seconds a re-adopted worker has to reach the new driver
-ENDED_KEPT = 100  # records of ended workers a snapshot keeps (the newest)
+ENDED_KEPT = 100  # records of ended workers a snapshot keeps at most (the newest)
 _SETTINGS = TypeAdapter(Settings)
 
 
@@ -86,7 +87,7 @@ def describe_holder(holder: str) -> str:
 # Worker fields saved as they are (state and the launcher's pid are converted).
 _SAVED = (
     "pid", "exit_code", "registered", "joined", "exiting", "log_dir", "offsets", "commit",
-    "handing_over", "leave_reason", "leave_cause",
+    "handing_over", "leave_reason", "leave_cause", "end_cause",
 )  # fmt: skip
 
 
@@ -129,16 +130,20 @@ def snapshot(
     serial: int,
     finishing: bool,
     wall_offset: float,
+    ended: EndedCounts | None = None,
 ) -> bytes:
     """The job's state as saved (`JobState` JSON): the round, live workers, the round's
-    members and the newest `ENDED_KEPT` other ended ones, discovery's last answer, cooldowns
-    (in wall time: monotonic time plus `wall_offset`), counters (`serial`: the last worker's
-    number), and whether training is over."""
+    members and the newest `ENDED_KEPT` other ended ones, the ended workers not among them
+    counted (`ended`: those whose records the driver dropped already), discovery's last
+    answer, cooldowns (in wall time: monotonic time plus `wall_offset`), counters (`serial`:
+    the last worker's number), and whether training is over."""
     workers = list(workers)
     members = set(rendezvous.members)  # a dead member stays in its round until the next
-    ended = [w for w in workers if not w.state.alive and w.worker_id not in members]
-    dropped = {id(w) for w in ended[:-ENDED_KEPT]}
+    ended_records = [w for w in workers if has_ended(w) and w.worker_id not in members]
+    left_out = ended_records[:-ENDED_KEPT] if ENDED_KEPT else ended_records
+    dropped = {id(w) for w in left_out}
     kept = [w for w in workers if id(w) not in dropped]  # in launch order
+    counts = (ended or EndedCounts()).plus(left_out)
     state = JobState(
         round=rendezvous.round,
         members=rendezvous.members,
@@ -154,6 +159,8 @@ def snapshot(
         update_version=tally.update_version,
         finishing=finishing,
         newest_commit=tally.newest_commit,
+        ended_by_state=dict(counts.by_state),
+        ended_by_cause=dict(counts.by_cause),
     )
     return state.model_dump_json().encode()
 

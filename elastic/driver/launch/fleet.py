@@ -32,7 +32,8 @@ SlotOf = Callable[[str], SlotInfo | None]  # a worker's slot in the current roun
 
 
 class Fleet:
-    """Every worker process the job launched or adopted, by id, in launch order.
+    """The job's worker processes, by id, in launch order: every live one it launched or
+    adopted, and ended ones until the job's `WorkerHistory` drops them.
 
     `start` and `adopt` begin watching a worker: its output is shown (from its pipes, from
     its files when detached here, relayed by its ssh agent when detached on another host)
@@ -71,7 +72,7 @@ class Fleet:
         self._lines = lines or WorkerLines()
         self._clock = clock
         self._follower = OutputFollower()  # detached workers' output files, all of them
-        self._pumps: list[asyncio.Future[None]] = []
+        self._pumps: set[asyncio.Future[None]] = set()  # output being copied, until it ends
         self._tasks: set[asyncio.Task[None]] = set()
 
     def alive(self) -> list[Worker]:
@@ -184,7 +185,7 @@ class Fleet:
         for task in self._tasks:
             task.cancel()
         if abandon:
-            for source in self._pumps:
+            for source in list(self._pumps):
                 source.cancel()
         else:
             await stop_workers(self.workers.values(), self._stop_grace)
@@ -231,7 +232,8 @@ class Fleet:
             else:  # adopted with nothing to show
                 sink.close()
                 continue
-            self._pumps.append(source)
+            self._pumps.add(source)
+            source.add_done_callback(self._pumps.discard)
         self._spawn(self._await_exit(worker))
 
     @staticmethod
@@ -241,6 +243,7 @@ class Fleet:
 
     async def _await_exit(self, worker: Worker) -> None:
         worker.exit_code = await worker.process.wait()
+        worker.ended_at = self._clock()
         self._follower.poke()  # its output files are drained now, not at the next look
         self._reports.put_nowait(WorkerExited(worker))
 

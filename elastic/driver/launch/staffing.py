@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from elastic.driver.errors import LaunchError
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
+from elastic.driver.policy.end_causes import NOT_STARTED
 from elastic.driver.workers import Worker, WorkerState
 
 log = logging.getLogger("elasticrun")
@@ -57,7 +58,7 @@ class Staffing:
         except LaunchError as err:
             if not self._elastic or self._hosts.is_local(worker.hostname):
                 raise
-            worker.state = WorkerState.FAILED
+            worker.state, worker.end_cause = WorkerState.FAILED, NOT_STARTED
             log.error("cannot start a worker on host %s: %s", worker.hostname, err,
                       extra={"event": "failure", "host": worker.hostname})  # fmt: skip
             self._host_failed(worker.hostname, str(err))

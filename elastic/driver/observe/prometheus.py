@@ -18,7 +18,8 @@ from prometheus_client.registry import Collector
 from elastic.protocol.http import JobStatus, WorkerStatus
 
 RECOVERY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-WORKER_STATES = ("launching", "member", "leaving", "exited", "failed", "stopped")
+LIVE_STATES = ("launching", "member", "leaving")
+ENDED_STATES = ("exited", "failed", "stopped")
 HOST_STATES = ("active", "cooldown", "leaving", "drained")
 _LABELS = ("rank", "host", "worker")
 
@@ -53,9 +54,17 @@ class _Snapshot(Collector):
         yield GaugeMetricFamily("elasticrun_round", "The current round's number", status.round)
         yield GaugeMetricFamily("elasticrun_size", "Members of the current round", status.size)
         workers = GaugeMetricFamily("elasticrun_workers", "Workers by state", labels=["state"])
-        for state in WORKER_STATES:
+        for state in LIVE_STATES:
             workers.add_metric([state], sum(1 for w in status.workers if w.state == state))
+        for state in ENDED_STATES:  # every one since the job began, listed or not
+            workers.add_metric([state], status.ended_by_state.get(state, 0))
         yield workers
+        ended = CounterMetricFamily(
+            "elasticrun_workers_ended", "Workers that ended, by cause", labels=["cause"]
+        )
+        for cause, count in sorted(status.ended_by_cause.items()):
+            ended.add_metric([cause], count)
+        yield ended
         hosts = GaugeMetricFamily("elasticrun_hosts", "Known hosts by state", labels=["state"])
         for state in HOST_STATES:
             hosts.add_metric([state], sum(1 for h in status.hosts if h.state == state))
@@ -86,7 +95,7 @@ class _Snapshot(Collector):
 
     @staticmethod
     def _per_worker(status: JobStatus) -> Iterator[Metric]:
-        live = [w for w in status.workers if w.state in ("launching", "member", "leaving")]
+        live = [w for w in status.workers if w.state in LIVE_STATES]
         steps = CounterMetricFamily(
             "elasticrun_steps", "Optimizer steps a live worker has taken", labels=_LABELS
         )

@@ -115,10 +115,12 @@ class RecordFleetLoss:
 
 @dataclass(frozen=True)
 class MarkEnded:
-    """Record that worker `worker_id` ended: `failed` (its state goes with it) or exited."""
+    """Record that worker `worker_id` ended: `failed` (its state goes with it) or exited;
+    `cause`: why, as the ended workers are counted (`policy.end_causes`)."""
 
     worker_id: str
     failed: bool
+    cause: str = ""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from elastic.driver.policy.actions import (
     RecordFleetLoss,
     WaitForWorkers,
 )
+from elastic.driver.policy.end_causes import signal_of
 from elastic.driver.policy.view import FleetLoss, JobView
 from elastic.driver.workers import Worker, WorkerState
 
@@ -83,21 +84,10 @@ def lost_with(view: JobView, last: Worker) -> list[Worker]:
     return [*failed, last]
 
 
-def _signal_of(worker: Worker) -> int | None:
-    """The signal that ended `worker`, known or read from a 128+N exit code."""
-    number = worker.process.signal if worker.process is not None else None
-    code = worker.exit_code
-    if number is None and code is not None and code < 0:
-        number = -code
-    elif number is None and code is not None and 128 < code < 160:
-        number = code - 128
-    return number
-
-
 def how_lost(worker: Worker) -> str:
     """How a failed `worker` ended, in a few words: by a signal, with an exit code, or not
     yet (declared dead: hung, silent, stalled, and being killed)."""
-    number = _signal_of(worker)
+    number = signal_of(worker)
     if number is not None:
         try:
             return f"killed by signal {signal.Signals(number).name}"
@@ -112,4 +102,4 @@ def exited_with_error(worker: Worker) -> bool:
     """Whether `worker` ended by exiting with an error code of its own: not by a signal, not
     declared dead, not with `LOST_EXIT` (ssh lost its host; no exit status was left)."""
     code = worker.exit_code
-    return _signal_of(worker) is None and code not in (None, 0, LOST_EXIT)
+    return signal_of(worker) is None and code not in (None, 0, LOST_EXIT)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 
+from elastic.driver.policy import end_causes
 from elastic.driver.policy.actions import NOTHING, Decision, Signal
 from elastic.driver.policy.view import JobView
 from elastic.driver.policy.worker_events import failed
@@ -60,7 +61,7 @@ def cut_off(view: JobView, number: int, reports: Reports, now: float) -> Decisio
     for worker_id in view.slots:
         worker = view.workers[worker_id]
         if worker.hostname == loser and worker.state.alive:
-            decision = failed(view, worker, reason, now)
+            decision = failed(view, worker, reason, now, end_causes.UNREACHABLE)
             actions += [Signal(worker_id, kill=True), *decision.actions]
     line = f"host {loser} is unreachable from its peers on host(s) {voters}: cutting it off"
     return Decision(tuple(actions), line)

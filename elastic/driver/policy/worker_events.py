@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Sequence
 
+from elastic.driver.policy import end_causes
 from elastic.driver.policy.actions import (
     NOTHING,
     Action,
@@ -55,11 +56,11 @@ def exited(view: JobView, worker: Worker, ended_unwatched: bool, now: float) -> 
     kind = ending(worker, ended_unwatched)
     where, code = view.where(worker), worker.exit_code
     was_member = worker.worker_id in view.slots
-    ended = MarkEnded(worker.worker_id, failed=False)
+    left = MarkEnded(worker.worker_id, failed=False, cause=end_causes.LEFT)
     if kind is Ending.IGNORED:
         return NOTHING
     if kind is Ending.FAILED:
-        return failed(view, worker, describe_exit(worker), now)
+        return failed(view, worker, describe_exit(worker), now, end_causes.of_exit(worker))
     if kind is Ending.CANNOT_RUN:
         program = view.command[0] if view.command else "its command"
         message = (
@@ -69,31 +70,32 @@ def exited(view: JobView, worker: Worker, ended_unwatched: bool, now: float) -> 
         return Decision((Finish(code or 1, message),), message)
     if kind is Ending.LEFT:
         said = (Log("warning", f"{where} left with exit code {code}"),) if code != 0 else ()
-        return Decision((ended, *said, FillSlots()), f"{where} left: its slot is free")
+        return Decision((left, *said, FillSlots()), f"{where} left: its slot is free")
     if kind is Ending.LEFT_UNSEEN:  # its leave was not saved (etcd was down)
         line = (
             f"{where} exited with code 0 while no driver watched it, without having said "
             "that it finished: counted as having left the job"
         )
-        actions: list[Action] = [ended, Log("warning", line)]
+        actions: list[Action] = [left, Log("warning", line)]
         if was_member and view.elastic is not None:
             actions.append(Reform(f"{where} left", broken=False, cause=Cause.LEAVE))
         actions.append(FillSlots() if view.alive_besides(worker) else SeeIfEnded())
         return Decision(tuple(actions), line)
     finishing = (BeginFinishing(),) if was_member else ()  # a member's end is training's end
+    ended = MarkEnded(worker.worker_id, failed=False, cause=end_causes.FINISHED)
     return Decision((ended, *finishing, SeeIfEnded()), f"{where} finished")
 
 
-def failed(view: JobView, worker: Worker, reason: str, now: float) -> Decision:
-    """`worker` died for `reason`. A static job ends with its exit code. An elastic one cools
-    its host down and, with --failure-scope host (the default, as horovodrun), takes the
-    host's other live workers out of the job with it (`host_fellows`); it breaks the round
-    (or, for a leaver, the round it left, whose collectives its peers may still be in) when
-    a member is gone, and re-forms from the survivors; when no worker is left, see
-    `fleet_lost`."""
+def failed(view: JobView, worker: Worker, reason: str, now: float, cause: str) -> Decision:
+    """`worker` died for `reason` (`cause`: the same in a word, see `end_causes`). A static
+    job ends with its exit code. An elastic one cools its host down and, with --failure-scope
+    host (the default, as horovodrun), takes the host's other live workers out of the job
+    with it (`host_fellows`); it breaks the round (or, for a leaver, the round it left, whose
+    collectives its peers may still be in) when a member is gone, and re-forms from the
+    survivors; when no worker is left, see `fleet_lost`."""
     where = view.where(worker)
     line = f"{where} {reason}"
-    dead = MarkEnded(worker.worker_id, failed=True)
+    dead = MarkEnded(worker.worker_id, failed=True, cause=cause)
     if view.elastic is None:
         message = f"{line}; stopping the other workers"
         return Decision((dead, Finish(worker.exit_code or 1, message)), message)
@@ -166,7 +168,7 @@ def judged(
         reason = f"did not join within {start_timeout:g} s (--start-timeout)"
     else:
         reason = verdict.value
-    decision = failed(view, worker, reason, now)
+    decision = failed(view, worker, reason, now, end_causes.of_verdict(verdict))
     return Decision((kill, *decision.actions), decision.reason)
 
 
@@ -236,7 +238,7 @@ def stalled(view: JobView, worker_ids: Sequence[str], line: str, now: float) -> 
         worker = view.workers[worker_id]
         if worker.state.alive and worker_id not in taken_out:
             reason = "kept its round waiting past --stall-timeout"
-            decision = failed(view, worker, reason, now)
+            decision = failed(view, worker, reason, now, end_causes.STALLED)
             taken_out |= {a.worker_id for a in decision.actions if isinstance(a, TakeOut)}
             actions += [Signal(worker_id, kill=True), *decision.actions]
     return Decision(tuple(actions), line) if actions else NOTHING

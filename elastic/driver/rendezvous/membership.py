@@ -103,6 +103,11 @@ class Rendezvous:
         self._excluded.add(worker_id)
         self._changes.notify()
 
+    def forget(self, worker_id: str) -> None:
+        """`worker_id` ended and its record is gone: stop remembering its exclusion (an id
+        the driver does not know is refused by the control service, and its process ended)."""
+        self._excluded.discard(worker_id)
+
     def close(self) -> None:
         """The job is ending: every later join (and every waiting one) answers `NotMemberError`."""
         self._closed = True

@@ -19,6 +19,7 @@ from elastic.driver.workers import Worker
 log = logging.getLogger("elasticrun")
 
 CALL_BACK_AT_MOST = 64  # survivors of a broken round told at once to come back (see `want`)
+BREAKS_KEPT = 8  # rounds before the newest whose break is remembered (told once, see `form`)
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], None]
 
@@ -52,7 +53,7 @@ class RoundKeeper:
         self._workers = workers
         self._spawn = spawn
         self._alive = alive
-        self._broken: set[int] = set()
+        self._broken: set[int] = set()  # rounds whose break was told, the newest ones
         self._held: RoundBroken | None = None  # the current round's break, told with the next
 
     def want(self, why: str, awaited: Callable[[], set[str]] | None) -> None:
@@ -85,6 +86,8 @@ class RoundKeeper:
         number = self.rendezvous.form([(w, workers[w].hostname) for w in members])
         # Nobody can still use the keys of the round before the previous one: drop them.
         self._spawn(self._kv.delete_prefix(Rendezvous.round_prefix(number - 2)))
+        # A break of a round this old is no news to anybody: forget them (one per round).
+        self._broken = {n for n in self._broken if n > number - BREAKS_KEPT}
         before, after = set(previous), set(members)  # sets: O(N), not O(N²), per round
         held, self._held = self._held, None
         update = HostsUpdated(
@@ -115,8 +118,9 @@ class RoundKeeper:
         sends the broken round's live members one `HostsUpdated` that carries both the break
         and their slot, and the other live workers a `RoundBroken`. When no round is wanted,
         or none forms when the window ends (too few workers: the job waits), every live
-        worker gets a `RoundBroken`. An older round's break is sent at once."""
-        if number in self._broken:
+        worker gets a `RoundBroken`. An older round's break is sent at once; one older than
+        `BREAKS_KEPT` rounds is news to nobody, and is not sent."""
+        if number in self._broken or number <= self.rendezvous.round - BREAKS_KEPT:
             return
         self._broken.add(number)
         word = RoundBroken(number, why)
@@ -152,4 +156,5 @@ class RoundKeeper:
             self._channels.send(held, self._alive())
 
     def _is_alive(self, worker_id: str) -> bool:
-        return self._workers[worker_id].state.alive
+        worker = self._workers.get(worker_id)  # None: ended, its record dropped since
+        return worker is not None and worker.state.alive

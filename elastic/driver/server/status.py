@@ -7,8 +7,10 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from elastic.driver.policy.end_causes import end_cause
 from elastic.driver.rendezvous.membership import Rendezvous
 from elastic.driver.server.auth import ServicesDep
+from elastic.driver.worker_history import EndedCounts
 from elastic.driver.workers import Worker
 from elastic.protocol.http import (
     DecisionRecord,
@@ -42,12 +44,16 @@ def describe_job(
     stall: StallReport | None = None,
     urls: DriverUrls | None = None,
     log_tail: Iterable[str] = (),
+    ended: EndedCounts | None = None,
 ) -> JobStatus:
-    """The status of job `job_id`: its round, its usable `hosts`, every worker launched (rank
-    and local rank in the current round, if a member; its progress, with ages as of `now` on
-    the driver's monotonic clock), its newest `decisions`, its `rounds` and `stall`, the
-    launcher's newest lines (`log_tail`, oldest first), and its durable commits when there is
-    a `checkpoint_dir` or a worker wrote one (a state given its own directory)."""
+    """The status of job `job_id`: its round, its usable `hosts`, the `workers` the driver
+    keeps records of (live ones and the newest ended ones: rank and local rank in the current
+    round, if a member; a live one's progress, with ages as of `now` on the driver's
+    monotonic clock; an ended one's cause), every ended worker counted (`ended`, dropped
+    records' counts included; default: those of `workers`), its newest `decisions`, its
+    `rounds` and `stall`, the launcher's newest lines (`log_tail`, oldest first), and its
+    durable commits when there is a `checkpoint_dir` or a worker wrote one (a state given its
+    own directory)."""
     statuses = []
     workers = list(workers)
     newest = max((w.durable for w in workers), default=0)
@@ -67,15 +73,20 @@ def describe_job(
                 pid=worker.pid,
                 exit_code=worker.exit_code,
                 commit=worker.commit,
+                end_cause=None if worker.state.alive else end_cause(worker),
                 **_progress(worker, rendezvous.round, now),
             )
         )
+    counts = ended if ended is not None else EndedCounts().plus(workers)
     return JobStatus(
         job_id=job_id,
         round=rendezvous.round,
         size=len(rendezvous.members),
         hosts=list(hosts),
         workers=statuses,
+        ended_total=counts.total,
+        ended_by_state=dict(counts.by_state),
+        ended_by_cause=dict(counts.by_cause),
         decisions=list(decisions),
         durable=durable,
         rounds=list(rounds),

@@ -114,7 +114,7 @@ function workerRow(w) {
     cell(w.hostname),
     cell(w.worker_id),
     cell(w.pid),
-    cell(w.exit_code === null ? w.state : `${w.state} (${w.exit_code})`, `state-${w.state}`),
+    cell(endedAs(w), `state-${w.state}`),
     cell(w.steps),
     cell(rate(w.step_rate)),
     cell(w.commit),
@@ -123,6 +123,25 @@ function workerRow(w) {
     cell(collective(w.collective)),
   );
   return tr;
+}
+
+function endedAs(w) {
+  if (w.end_cause) return `${w.state} (${w.end_cause})`;
+  return w.exit_code === null ? w.state : `${w.state} (${w.exit_code})`;
+}
+
+const LIVE_STATES = ["launching", "member", "leaving"];
+
+// "214 workers ended: 212 signal SIGKILL, 2 stopped (the newest 32 listed)"
+function endedLine(status) {
+  const total = status.ended_total ?? 0;
+  if (!total) return "";
+  const causes = Object.entries(status.ended_by_cause ?? {}).sort(
+    (a, b) => b[1] - a[1] || a[0].localeCompare(b[0]),
+  );
+  const listed = status.workers.filter((w) => !LIVE_STATES.includes(w.state)).length;
+  const shown = listed < total ? ` (the newest ${listed} listed)` : "";
+  return `${total} worker(s) ended: ${causes.map(([c, n]) => `${n} ${c}`).join(", ")}${shown}`;
 }
 
 function roundRow(r) {
@@ -157,6 +176,9 @@ function draw(status) {
     (a, b) => (a.rank ?? Infinity) - (b.rank ?? Infinity) || a.worker_id.localeCompare(b.worker_id),
   );
   fill("workers", workers.map(workerRow));
+  const ended = endedLine(status);
+  $("ended").hidden = !ended;
+  $("ended").textContent = ended;
   fill("rounds", [...status.rounds].reverse().map(roundRow));
   fill("decisions", [...status.decisions].reverse().map(decisionRow));
   $("stall").hidden = !status.stall;

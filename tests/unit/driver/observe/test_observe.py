@@ -168,8 +168,13 @@ def test_the_exposition_parses_and_holds_what_an_operator_reads() -> None:
                 local_rank=None,
                 state="failed",
                 exit_code=-9,
+                end_cause="signal SIGKILL",
             ),  # fmt: skip
         ],
+        # 40 more failed before it, whose records the driver no longer keeps
+        ended_total=41,
+        ended_by_state={"failed": 41},
+        ended_by_cause={"signal SIGKILL": 40, "hung": 1},
         stall=StallReport(
             round=3,
             collective=CollectiveStatus(seq=2, kind="allreduce", blocked_for=70.0),
@@ -189,7 +194,9 @@ def test_the_exposition_parses_and_holds_what_an_operator_reads() -> None:
     }
     assert samples[("elasticrun_round", ())] == 3
     assert samples[("elasticrun_workers", (("state", "member"),))] == 2
-    assert samples[("elasticrun_workers", (("state", "failed"),))] == 1
+    assert samples[("elasticrun_workers", (("state", "failed"),))] == 41
+    assert samples[("elasticrun_workers_ended_total", (("cause", "signal SIGKILL"),))] == 40
+    assert samples[("elasticrun_workers_ended_total", (("cause", "hung"),))] == 1
     assert samples[("elasticrun_hosts", (("state", "active"),))] == 2
     assert samples[("elasticrun_reforms_total", (("cause", "failure"),))] == 2
     worker0 = (("host", "a"), ("rank", "0"), ("worker", "1"))

@@ -69,7 +69,7 @@ def test_a_killed_member_breaks_its_round_cools_its_host_and_the_job_re_forms() 
     line = "rank 0 on host a was killed by signal SIGKILL (exit code -9)"
     assert decision.reason == line
     assert decision.actions == (
-        MarkEnded("r0", failed=True),
+        MarkEnded("r0", failed=True, cause="signal SIGKILL"),
         Log("error", line, "failure", "r0"),
         CoolDown("a", "was killed by signal SIGKILL (exit code -9)"),
         BreakRound(3, line),
@@ -89,7 +89,7 @@ def test_a_failed_worker_takes_its_host_s_other_workers_out_with_it() -> None:
     line = "rank 0 on host a exited with code 1"
     why = "its host a failed with rank 0 on host a (--failure-scope host)"
     assert decision.actions == (
-        MarkEnded("r0", failed=True),
+        MarkEnded("r0", failed=True, cause="exit 1"),
         Log("error", line, "failure", "r0"),
         CoolDown("a", "exited with code 1"),
         Log("warning", f"rank 1 on host a leaves the job: {why}", "leave", "r1"),
@@ -181,7 +181,7 @@ def test_a_hung_leaver_breaks_the_round_it_left_and_none_is_wanted() -> None:
     hung = worker("r2", LV, slot=2)
     others = (worker("r0", M, "b"), worker("r1", M, "b", slot=1))
     job = view(hung, *others, members=("r0", "r1"), round=4)
-    decision = failed(job, hung, "missed 3 heartbeats", NOW)
+    decision = failed(job, hung, "missed 3 heartbeats", NOW, "hung")
     assert kinds(decision) == [MarkEnded, Log, CoolDown, BreakRound, FillSlots, SeeHandovers]
     assert decision.actions[3] == BreakRound(3, "worker r2 on host a missed 3 heartbeats")
 
@@ -210,7 +210,7 @@ def test_in_a_static_job_the_first_failure_ends_the_job_with_its_code() -> None:
     dead = ended("r0", code=4)
     decision = exited(pair(dead, elastic=None), dead, False, NOW)
     message = "rank 0 on host a exited with code 4; stopping the other workers"
-    assert decision.actions == (MarkEnded("r0", failed=True), Finish(4, message))
+    assert decision.actions == (MarkEnded("r0", failed=True, cause="exit 4"), Finish(4, message))
 
 
 def test_a_failure_while_finishing_only_asks_whether_the_job_has_ended() -> None:
@@ -238,7 +238,7 @@ def test_a_leaver_that_exits_frees_its_slot(code: int) -> None:
     decision = exited(pair(gone), gone, False, NOW)
     warned = [Log] if code else []
     assert kinds(decision) == [MarkEnded, *warned, FillSlots]
-    assert decision.actions[0] == MarkEnded("r0", failed=False)
+    assert decision.actions[0] == MarkEnded("r0", failed=False, cause="left")
 
 
 def test_a_member_that_finishes_ends_training_for_every_worker() -> None:
@@ -274,7 +274,10 @@ def test_a_stopped_worker_s_exit_is_ignored() -> None:
 def test_a_hung_member_is_killed_and_has_failed() -> None:
     hung = worker("r0", M)
     decision = judged(pair(hung), hung, Verdict.HUNG, 30.0, NOW)
-    assert decision.actions[:2] == (Signal("r0", kill=True), MarkEnded("r0", failed=True))
+    assert decision.actions[:2] == (
+        Signal("r0", kill=True),
+        MarkEnded("r0", failed=True, cause="hung"),
+    )
     assert decision.reason == f"rank 0 on host a {Verdict.HUNG.value}"
 
 
