@@ -10,7 +10,7 @@ import argparse
 
 from elastic.driver.cli.backend_flags import FlagParser, add_backend_flags
 from elastic.driver.logs import LOG_FORMATS
-from elastic.driver.settings import FailureScope
+from elastic.driver.settings import DEFAULT_WORKER_HISTORY, FailureScope
 
 EXAMPLES = """\
 examples:
@@ -311,7 +311,7 @@ def _add_durable_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_log_flags(parser: argparse.ArgumentParser) -> None:
-    """What the launcher's lines say and how they look."""
+    """What the launcher's lines say and how they look, and which ended workers it lists."""
     parser.add_argument("--verbose", action="store_true", help="log the driver's decisions")
     parser.add_argument(
         "--log-format",
@@ -320,6 +320,15 @@ def _add_log_flags(parser: argparse.ArgumentParser) -> None:
         help="the launcher's lines: text (for people: a UTC timestamp, then 'elasticrun: ...'; "
         "workers' lines '[rank]<stdout>:...') or json (one object a line: time, level, round, "
         "rank, host, event, message; workers' lines also stream) (default text)",
+    )
+    parser.add_argument(
+        "--worker-history",
+        type=int,
+        default=DEFAULT_WORKER_HISTORY,
+        metavar="N",
+        help="ended workers whose records the driver keeps and lists (status, page, saved "
+        "state): the newest N; every ended worker is still counted by cause "
+        f"(default {DEFAULT_WORKER_HISTORY})",
     )
 
 

@@ -149,6 +149,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         stall_warning=args.stall_warning,
         stall_timeout=args.stall_timeout,
         log_format=args.log_format,
+        worker_history=args.worker_history,
     )
     if elastic is not None and elastic.discovery_script is not None:
         try:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Container
 from dataclasses import dataclass
 
 from elastic.driver.errors import SettingsError
@@ -127,6 +128,13 @@ class Cooldown:
     def records(self) -> dict[str, tuple[int, float]]:
         """Every host's (counted failures, end of its latest exclusion), to save."""
         return {host: (r.failures, r.until) for host, r in self._records.items()}
+
+    def forget_gone(self, offered: Container[str], now: float) -> None:
+        """Forget the hosts not `offered` (by discovery) whose exclusion has ended by `now`:
+        a spot fleet's hosts come and go under new names, and each would be kept for good.
+        One that is offered again later counts its next failure as its first."""
+        for host in [h for h, r in self._records.items() if h not in offered and r.until <= now]:
+            del self._records[host]
 
     def restore(self, host: str, failures: int, until: float) -> None:
         """Put back a record saved by `records` (a restarted driver resuming a job)."""

@@ -101,6 +101,9 @@ class HostTracker:
         for spec in hosts:
             unique.setdefault(spec.hostname, spec)
         self._discovered = tuple(unique.values())
+        # What is kept per host is bounded by the hosts offered, not by all ever offered.
+        self.cooldown.forget_gone(unique, now)
+        self._notices = {name: at for name, at in self._notices.items() if name in unique}
         self._has_result = True
         recovered = self._error is not None
         self._error = None

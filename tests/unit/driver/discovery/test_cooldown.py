@@ -210,3 +210,22 @@ def test_validator_messages(low: float, high: float, message: str) -> None:
 def test_validator_accepts_good_ranges(low: float, high: float) -> None:
     assert validate_cooldown_range(low, high) == (low, high)
     assert isinstance(validate_cooldown_range(int(low), int(high))[0], float)
+
+
+def test_hosts_no_longer_offered_are_forgotten_once_their_exclusion_ended() -> None:
+    """A spot fleet's hosts come and go under new names: what is kept stays bounded by the
+    hosts offered, without cutting short an exclusion in progress or one for good."""
+    c = cooldown(10.0, 10.0)
+    for n in range(1000):
+        c.record_failure(f"spot-{n}", now=float(n))
+    c.record_failure("kept", now=0.0)
+    forever = Cooldown(math.inf, math.inf, random.Random(0))
+    forever.record_failure("gone", now=0.0)
+
+    c.forget_gone({"kept"}, now=995.0)
+    forever.forget_gone(set(), now=1e9)
+
+    assert set(c.records()) == {"kept", *(f"spot-{n}" for n in range(986, 1000))}
+    assert c.in_cooldown("spot-999", now=995.0)  # still excluded: kept until it ends
+    assert c.failures("kept") == 1
+    assert forever.in_cooldown("gone", now=1e9)
