@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pytest
 
 from elastic.driver.journal.record import JobState
+from elastic.driver.reports import DurableStale, Heard, LeaveAsked
 from elastic.driver.worker_history import WorkerHistory
 from elastic.driver.workers import Worker, WorkerState
 from tests.support.churning_driver import ChurningDriver
@@ -135,6 +136,28 @@ def test_a_saved_state_keeps_the_counts_of_the_workers_it_does_not_list(
     assert state.ended_by_cause == {"signal SIGKILL": 17}
     assert state.ended_by_state == {"failed": 17}
     assert sum(1 for w in state.workers if w.state == "member") == SIZE
+
+
+def test_a_report_about_a_worker_whose_record_was_dropped_is_no_error(quiet_driver: None) -> None:
+    """A worker's heartbeat or leave, made while it lived, may be heard after its death and
+    the drop of its record (--worker-history 0)."""
+
+    async def churn() -> tuple[dict[str, int], int]:
+        driver = ChurningDriver(SIZE, history=0)
+        await driver.start()
+        first = driver.rendezvous.members[0]
+        await driver.replace_one()
+        assert first not in driver.fleet.workers
+        for report in (Heard(first, 1, 5), LeaveAsked(first, "SIGTERM", 5),
+                       DurableStale(first, True, 0)):  # fmt: skip
+            driver.conductor.hear(report)
+        await driver.replace_one()  # and the job goes on
+        await driver.close()
+        return driver.status().ended_by_cause, driver.conductor.tally.newest_commit
+
+    causes, newest_commit = asyncio.run(churn())
+    assert causes == {"signal SIGKILL": 2}
+    assert newest_commit == 0  # nothing taken from the dead one
 
 
 def test_a_state_saved_before_ended_workers_were_counted_still_loads() -> None:

@@ -145,6 +145,24 @@ def test_the_status_text_shows_workers_the_stall_and_recoveries() -> None:
     assert "failure (failure to round 0.07 s, round to first step 0.08 s): r died" in text
 
 
+def test_the_status_text_counts_every_ended_worker_and_says_how_many_it_lists() -> None:
+    ended = [
+        WorkerStatus(worker_id=f"a[0]#{n}", rank=None, hostname="a", local_rank=None,
+                     state="failed", exit_code=137, end_cause="signal SIGKILL")
+        for n in range(2, 4)
+    ]  # fmt: skip
+    status = JobStatus(
+        job_id="j", round=9, size=1, hosts=[HostStatus(hostname="a", slots=1)],
+        workers=[WorkerStatus(worker_id="a[0]#4", rank=0, hostname="a", local_rank=0,
+                              state="member"), *ended],
+        ended_total=9, ended_by_state={"failed": 8, "stopped": 1},
+        ended_by_cause={"signal SIGKILL": 7, "hung": 1, "stopped": 1},
+    )  # fmt: skip
+    text = render(status, now=100.0)
+    assert re.search(r"- +a +failed \(signal SIGKILL\)", text)
+    assert "ended workers: 9 (7 signal SIGKILL, 1 hung, 1 stopped); the newest 2 listed" in text
+
+
 # --- real jobs ------------------------------------------------------------------------------
 
 
