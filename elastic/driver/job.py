@@ -416,7 +416,9 @@ class Job:
         reforms = sum(timeline.reforms.values())
         causes = ", ".join(f"{n} {cause}" for cause, n in timeline.reforms.most_common())
         steps = max((w.progress.activity.steps for w in self._workers.values()
-                     if w.progress.activity is not None), default=0)  # fmt: skip
+                     if w.progress.activity is not None),
+                    default=0)  # fmt: skip
+        steps = max(steps, self._conductor.history.most_steps)
         return (
             f"job {self.job_id} ended with exit code {code} after {seconds:.1f} s: "
             f"{self._rendezvous.round} round(s), {reforms} re-form(s)"

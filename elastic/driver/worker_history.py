@@ -69,6 +69,7 @@ class WorkerHistory:
         self._workers = workers
         self.kept = kept
         self.dropped = EndedCounts()  # the workers whose records were dropped
+        self.most_steps = 0  # the most optimizer steps a dropped worker took (this driver saw)
 
     def retire(self, in_use: Container[str]) -> list[Worker]:
         """Drop the records of ended workers past the newest `kept` (by when their end was
@@ -81,6 +82,8 @@ class WorkerHistory:
         for worker in gone:
             del self._workers[worker.worker_id]
             self.dropped.add(worker)
+            if (activity := worker.progress.activity) is not None:
+                self.most_steps = max(self.most_steps, activity.steps)
         return gone
 
     def counts(self) -> EndedCounts:
