@@ -198,6 +198,9 @@ def test_the_page_shows_a_live_job_and_a_killed_workers_round(
         return by_pid.get(str(victim), {}).get("state") == "failed"
 
     shown_until(browser, job, f"worker pid {victim} failed", failed)
+    ended = next(r for r in rows(browser, "workers") if r.get("pid") == str(victim))
+    assert "failed (signal SIGKILL)" in ended["text"], ended
+    assert browser.find_element("id", "ended").text == "1 worker(s) ended: 1 signal SIGKILL"
 
     # The rounds timeline (filled by the driver's RoundTimeline): round 2, for the failure,
     # with its recovery legs measured.
