@@ -74,6 +74,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "~10 s",
     ),
     Benchmark(
+        "worker_churn",
+        "bench.worker_churn",
+        "docs/benchmarks.md: Churn: the driver after thousands of replaced workers",
+        "~2 min",
+    ),
+    Benchmark(
         "host_faults",
         "bench.host_faults",
         "docs/benchmarks.md: Hosts that vanish: elasticrun vs torchrun on the multi-host bed",
