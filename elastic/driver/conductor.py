@@ -25,7 +25,7 @@ from elastic.driver.journal.resume import Tally
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.staffing import Staffing
 from elastic.driver.logs import tags
-from elastic.driver.observe.stalls import find_stall, rank_activities, same_stall
+from elastic.driver.observe.stall_watch import StallWatch
 from elastic.driver.observe.timeline import RoundTimeline
 from elastic.driver.policy import (
     actions,
@@ -63,13 +63,12 @@ from elastic.driver.reports import (
 from elastic.driver.settings import Settings
 from elastic.driver.worker_history import WorkerHistory
 from elastic.driver.workers import Worker, WorkerState
-from elastic.protocol.http import DecisionRecord, StallReport
+from elastic.protocol.http import DecisionRecord
 
 log = logging.getLogger("elasticrun")
 
 DECISIONS_KEPT = 50  # the newest decisions `/v1/status` shows
 PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
-STALL_LOOK_EVERY = 1.0  # seconds between two looks for a stall
 # Heartbeat intervals (and at least `UNREACHABLE_SETTLE_FLOOR` s) between a round's first
 # unreachability report and the decision: its members probe at about the same time (blocked
 # in the same collective), but a probe over a slow link takes longer; a decision on the
@@ -87,11 +86,11 @@ class Conductor:
     `phase` says where the job is (`Phase`); `tally` counts its rounds and commits;
     `history` bounds the ended workers' records (after each exit and each round formed) and
     counts them; `decisions` keeps the newest decisions with their reasons; `timeline` the
-    rounds with their causes and recovery times; `stall` the current round's stall
-    (`find_stall`), if any. It acts through the parts it is given: `fleet` (processes),
-    `staffing` (new workers), `rendezvous` (through its `RoundKeeper`, `rounds`), `watcher`
-    (hosts), `save_soon` (the journal), `spawn` (a task of the job) and `finish(code,
-    message)`, which ends the job.
+    rounds with their causes and recovery times; `stalls` watches for the current round's
+    stall. It acts through the parts it is given: `fleet` (processes), `staffing` (new
+    workers), `rendezvous` (through its `RoundKeeper`, `rounds`), `watcher` (hosts),
+    `save_soon` (the journal), `spawn` (a task of the job) and `finish(code, message)`,
+    which ends the job.
     """
 
     def __init__(
@@ -123,8 +122,7 @@ class Conductor:
         self.history = WorkerHistory(self._workers, settings.worker_history)
         self.decisions: deque[DecisionRecord] = deque(maxlen=DECISIONS_KEPT)
         self.timeline = timeline or RoundTimeline(clock)
-        self.stall: StallReport | None = None
-        self._stall_looked = float("-inf")  # when `_look_for_stall` last looked
+        self.stalls = StallWatch(settings.stall_warning)
         self._wanted_causes: list[Cause] = []  # of the round wanted next, in order
         self._short_since: float | None = None  # when the SHORT phase began
         self._failure_reported: set[int] = set()  # rounds a member said failed, unseen here
@@ -258,7 +256,9 @@ class Conductor:
 
     def _on_tick(self, report: Tick) -> None:
         self.apply(forming.tick(self.view(), report.now))
-        self._look_for_stall(report.now)
+        if stall := self.stalls.look(self._rendezvous, self._workers, report.now):
+            timeout = self._settings.stall_timeout
+            self.apply(worker_events.stall_seen(self.view(), stall, timeout, report.now))
 
     def _on_wait(self, report: Waiting) -> None:
         """A worker whose state holds `commit` commits waits for a round after `after`."""
@@ -464,24 +464,6 @@ class Conductor:
         await asyncio.sleep(self._settings.heartbeat_interval)
         if self._rendezvous.round == number and self.phase.forms_rounds:
             self._reform("a worker reported a failed collective", broken=True)
-
-    def _look_for_stall(self, now: float) -> None:
-        """Find the current round's stall, at most once every `STALL_LOOK_EVERY` s (it reads
-        every member); log it once (and again when it changes); the policy judges it against
-        --stall-timeout (`stall_seen`)."""
-        if now - self._stall_looked < STALL_LOOK_EVERY:
-            return
-        self._stall_looked = now
-        number = self._rendezvous.round
-        members = rank_activities(number, self._rendezvous.slots, self._workers, now)
-        stall = find_stall(number, members, self._settings.stall_warning)
-        previous, self.stall = self.stall, stall
-        if stall is None:
-            return
-        if previous is None or not same_stall(previous, stall):
-            log.warning("%s", stall.line, extra={"event": "stall"})
-        timeout = self._settings.stall_timeout
-        self.apply(worker_events.stall_seen(self.view(), stall, timeout, now))
 
     def _tags(self, line: actions.Log) -> dict[str, Any]:
         """The `extra=` of a policy's `line`: its event, and the rank and host of its worker."""

@@ -481,7 +481,7 @@ class Job:
             self.settings.checkpoint.directory,
             now=now,
             rounds=self._conductor.timeline.records(),
-            stall=self._conductor.stall,
+            stall=self._conductor.stalls.stall,
             urls=urls_of(self._endpoints.url) if self._endpoints is not None else None,
             log_tail=list(self._log_tail.lines),
             ended=self._conductor.history.counts(),

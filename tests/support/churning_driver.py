@@ -214,7 +214,7 @@ class ChurningDriver:
             conductor.decisions,
             now=asyncio.get_running_loop().time(),
             rounds=conductor.timeline.records(),
-            stall=conductor.stall,
+            stall=conductor.stalls.stall,
             ended=conductor.history.counts(),
         )
 
