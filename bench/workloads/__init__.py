@@ -1,8 +1,10 @@
-"""Tiny training workloads for `bench/recovery.py`: one for elasticrun, one for torchrun.
+"""Training workloads for the recovery benchmarks, one for elasticrun and one for torchrun each:
+the tiny MLP of `bench/recovery.py` here (`tiny_*.py`), and the FSDP2 language model of
+`bench/sharded_recovery.py` (`transformer.py`, `sharded_*.py`, which print the same lines).
 
-Both train the same small MLP (64 -> 768 -> 768 -> 768 -> 1, ~1.2M parameters) on the same
-synthetic regression data with plain SGD, `BATCH` samples per rank and step (about 20 ms of
-forward + backward + update on one thread of this machine's CPUs), and commit
+The tiny ones both train the same small MLP (64 -> 768 -> 768 -> 768 -> 1, ~1.2M parameters)
+on the same synthetic regression data with plain SGD, `BATCH` samples per rank and step (about
+20 ms of forward + backward + update on one thread of this machine's CPUs), and commit
 (`tiny_elastic.py`: `state.commit()`, in memory) or checkpoint (`tiny_torchrun.py`: rank 0
 writes a file) every `--commit-every` steps; with `--compute-s S`, each step first sleeps S
 seconds, as if an accelerator computed meanwhile, so that hosts sharing this machine's CPUs
