@@ -8,7 +8,7 @@
   what they measure; each has `main(argv)`;
 * `support/`: what they share (launching and watching trials, simulated workers, the
   multi-host bed's systems, provenance); none of it is a benchmark;
-* `workloads/`: the tiny training scripts the recovery benchmarks run under elasticrun and
-  torchrun;
+* `workloads/`: the training scripts the recovery benchmarks run under elasticrun and
+  torchrun (a tiny MLP; an FSDP2 language model for the sharded one);
 * `results/`: their JSON and transcripts (not committed).
 """

@@ -61,6 +61,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "~8 min",
     ),
     Benchmark(
+        "sharded_recovery",
+        "bench.sharded_recovery",
+        "docs/benchmarks.md: Sharded recovery: FSDP2 under elasticrun vs torchrun + DCP",
+        "~6 min",
+    ),
+    Benchmark(
         "watched_recovery",
         "bench.recovery",
         "docs/benchmarks.md: Watching a job: its recovery, scraped and polled every second",

@@ -5,6 +5,9 @@
 * one machine's trials: the systems compared and how they launch (`local_systems`), the
   processes of a trial and their parsed output (`trial_processes`), what the step lines tell
   (`step_timing`), a benchmark file's own workers under `elasticrun` (`elasticrun_launch`);
+* the sharded recovery benchmark: its FSDP2 jobs under elasticrun and torchrun
+  (`sharded_jobs`), what its workloads' lines tell (`sharded_metrics`), its report
+  (`sharded_report`);
 * the multi-host bed: both systems on it (`bed_systems`), torchrun's store as a process
   (`torchrun_store`), a spot trace replayed on it (`spot_trace`) and its goodput
   (`goodput_ledger`);
