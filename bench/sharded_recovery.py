@@ -78,8 +78,8 @@ RECOVERY_MILESTONES = {
         ("driver: new round formed", r"elasticrun: round \d+: \d+ worker", "arrival"),
         ("survivor: re-joined", r"\bphase rejoin ", "worker"),
         ("survivor: state re-formed", r"\bphase sync ", "worker"),
-        ("training entered", r"\benter \d+ size", "worker"),
-        ("first step", r"\bstep \d+ size", "worker"),
+        ("training entered", r"\benter \d+ size {size}", "worker"),
+        ("first step", r"\bstep \d+ size {size}", "worker"),
     ],
     "torchrun": [
         ("agent: saw the death", r"failed \(exitcode: -?\d+\)", "arrival"),
@@ -124,9 +124,10 @@ def known_pids(out: Output) -> set[int]:
         return {s.pid for s in out.steps}
 
 
-def last_step_before(out: Output, t: float) -> int:
+def last_step_before(out: Output, t: float, size: int | None = None) -> int:
+    """The highest step done before `t` (at `size`, when given)."""
     with out.cond:
-        return max(s.step for s in out.steps if s.t <= t)
+        return max(s.step for s in out.steps if s.t <= t and size in (None, s.size))
 
 
 def steady_window(out: Output, job: Any, args: argparse.Namespace, record: dict) -> float:
@@ -170,7 +171,8 @@ def fault(
     record[lost_key] = last_step_before(out, t_fault) - (back.step - 1)
     if job.kind == "elasticrun":
         record[f"{key}_phases_s"] = phase_seconds(out, t_fault, back.t)
-    spec = RECOVERY_MILESTONES[job.kind]
+    spec = [(label, pattern.replace("{size}", str(back.size)), stamp)
+            for label, pattern, stamp in RECOVERY_MILESTONES[job.kind]]  # fmt: skip
     record[f"{key}_milestones"] = milestones(out, spec, t_fault, old)
     after = back.step + args.steady_steps
     wait_step(out, f"step {after}", lambda s: s.step >= after and s.t > back.t, args, job)
@@ -184,7 +186,7 @@ def grow(out: Output, job: ElasticJob, args: argparse.Namespace, record: dict, l
     job.add_host(line)
     first4 = wait_step(out, "a step at size 4", lambda s: s.size == 4 and s.t > t_add, args, job)
     record["scale_up_s"] = first4.t - t_add
-    record["scale_up_steps_lost"] = last_step_before(out, first4.t) - (first4.step - 1)
+    record["scale_up_steps_lost"] = last_step_before(out, first4.t, 3) - (first4.step - 1)
     joiner = wait_step(
         out, "the joiner's step", lambda s: s.size == 4 and s.pid not in incumbents, args, job
     )
@@ -197,7 +199,7 @@ def grow(out: Output, job: ElasticJob, args: argparse.Namespace, record: dict, l
     for pid in incumbents:
         times = sorted(s.t for s in steps if s.pid == pid)
         before = [t for t in times if t < t_add]
-        mine4 = [s.t for s in steps if s.pid == pid and s.size == 4]
+        mine4 = [s.t for s in steps if s.pid == pid and s.size == 4 and s.t > t_add]
         if not before or not mine4:
             continue
         window = [t for t in times if before[-1] <= t <= mine4[0]]
