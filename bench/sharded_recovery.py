@@ -372,6 +372,8 @@ def main(argv: list[str] | None = None) -> None:
             "loads the newest DCP checkpoint",
             "torchrun agents: tuned as in bench/recovery.py, their store a process of its own",
             "milestones: seconds from the fault to the first line of each kind after it",
+            "elasticrun's workload raises FSDP2's RuntimeError from a step as WorkerLostError "
+            "(ShardedState at 0d2ad7c does not; see bench/workloads/sharded_elastic.py)",
         ],
         "wall_s": round(time.perf_counter() - start, 1),
         "loadavg_1_5_15min": load_averages(load_before),

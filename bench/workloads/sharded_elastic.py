@@ -32,6 +32,11 @@ round and its process group), `restore`, `sync` (the state's whole re-form), wit
 their new owners), `to_dtensor` (`state_dicts`), `snapshot` (`take`: the re-formed state's
 commit copied to host memory; also at every commit). A wrapped name that the state no longer
 has is skipped.
+
+A stand-in until `ShardedState` does it (issue 29): FSDP2's own collectives (the all-gather of
+the forward, the reduce-scatter of the backward) raise torch's `RuntimeError` when a peer
+dies, which the run loop does not take for a lost peer, so the survivors would exit. The
+step raises such an error as `hvd.WorkerLostError` (`--no-lost-peer-errors` turns this off).
 """
 
 from __future__ import annotations
@@ -140,6 +145,10 @@ def main() -> None:
     add_model_args(parser)
     parser.add_argument("--quiet-steps", type=int, default=0, help="steps without commits")
     parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument(
+        "--no-lost-peer-errors", dest="lost_peer_errors", action="store_false",
+        help="let FSDP2's RuntimeError end the worker (see above)",
+    )  # fmt: skip
     args = parser.parse_args()
     start_safety_timer(args.max_seconds)
     logging.basicConfig(format="log t %(created).6f %(name)s: %(message)s")
@@ -160,7 +169,12 @@ def main() -> None:
         model, optimizer = state.model, state.optimizer  # new objects after every re-form
         line("enter", state.step, hvd.size(), hvd.rank())
         while True:
-            train_step(model, optimizer, args, state.step, hvd.rank())
+            try:
+                train_step(model, optimizer, args, state.step, hvd.rank())
+            except RuntimeError as err:  # see the module's docstring
+                if isinstance(err, hvd.WorkerLostError) or not args.lost_peer_errors:
+                    raise
+                raise hvd.WorkerLostError(f"FSDP2's collective failed: {err}") from err
             state.step += 1
             line("step", state.step, hvd.size(), hvd.rank())
             if state.step <= args.quiet_steps or state.step % args.commit_every:
