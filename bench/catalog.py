@@ -64,7 +64,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "sharded_recovery",
         "bench.sharded_recovery",
         "docs/benchmarks.md: Sharded recovery: FSDP2 under elasticrun vs torchrun + DCP",
-        "~8 min",
+        "~6 min",
     ),
     Benchmark(
         "watched_recovery",
