@@ -64,7 +64,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "sharded_recovery",
         "bench.sharded_recovery",
         "docs/benchmarks.md: Sharded recovery: FSDP2 under elasticrun vs torchrun + DCP",
-        "~6 min",
+        "~2.5 min",
     ),
     Benchmark(
         "watched_recovery",
