@@ -69,8 +69,20 @@ def exited(view: JobView, worker: Worker, ended_unwatched: bool, now: float) -> 
         )
         return Decision((Finish(code or 1, message),), message)
     if kind is Ending.LEFT:
-        said = (Log("warning", f"{where} left with exit code {code}"),) if code != 0 else ()
-        return Decision((left, *said, FillSlots()), f"{where} left: its slot is free")
+        if code == 0:
+            return Decision((left, FillSlots()), f"{where} left: its slot is free")
+        # It may have died before it left (a removed host's workers killed before their
+        # commit): its round's survivors may wait on it, or on a peer that went to the next
+        # round, in a collective that only the round's break ends.
+        line = f"{where} left with exit code {code}"
+        if was_member:
+            breaks: tuple[Action, ...] = (
+                BreakRound(view.round, line),
+                Reform(line, broken=True, cause=Cause.FAILURE),
+            )
+        else:
+            breaks = (BreakRound(view.round - 1, line),)
+        return Decision((left, Log("warning", line), *breaks, FillSlots()), line)
     if kind is Ending.LEFT_UNSEEN:  # its leave was not saved (etcd was down)
         line = (
             f"{where} exited with code 0 while no driver watched it, without having said "

@@ -236,9 +236,33 @@ def test_a_command_that_failed_after_registering_is_a_failure_not_a_bad_command(
 def test_a_leaver_that_exits_frees_its_slot(code: int) -> None:
     gone = ended("r0", LV, code=code)
     decision = exited(pair(gone), gone, False, NOW)
-    warned = [Log] if code else []
-    assert kinds(decision) == [MarkEnded, *warned, FillSlots]
+    assert kinds(decision)[0] is MarkEnded and kinds(decision)[-1] is FillSlots
     assert decision.actions[0] == MarkEnded("r0", failed=False, cause="left")
+
+
+@pytest.mark.parametrize("code", [-9, 1])
+def test_a_leaver_that_dies_before_it_left_breaks_the_round_it_left(code: int) -> None:
+    """A host removed by discovery whose workers are killed before they reach their commit
+    (a spot host gone): the round they were to leave at that commit has formed its successor
+    without them, and a survivor still in one of its collectives, waiting on a peer that went
+    to the new round, is freed only by that round's break (a sharded benchmark hung on it)."""
+    killed = signal.SIGKILL if code == -9 else None
+    gone = ended("r2", LV, code=code, killed_by=killed, slot=2)
+    others = (worker("r0", M, "b"), worker("r1", M, "b", slot=1))
+    decision = exited(view(gone, *others, members=("r0", "r1"), round=4), gone, False, NOW)
+    assert kinds(decision) == [MarkEnded, Log, BreakRound, FillSlots]
+    assert decision.actions[2] == BreakRound(3, decision.reason)
+    still_member = exited(view(gone, *others, members=("r0", "r1", "r2"), round=4), gone,
+                          False, NOW)  # fmt: skip
+    assert kinds(still_member) == [MarkEnded, Log, BreakRound, Reform, FillSlots]
+    assert still_member.actions[2] == BreakRound(4, still_member.reason)
+
+
+def test_a_leaver_that_exits_0_breaks_nothing() -> None:
+    gone = ended("r2", LV, code=0, slot=2)
+    others = (worker("r0", M, "b"), worker("r1", M, "b", slot=1))
+    decision = exited(view(gone, *others, members=("r0", "r1"), round=4), gone, False, NOW)
+    assert kinds(decision) == [MarkEnded, FillSlots]
 
 
 def test_a_member_that_finishes_ends_training_for_every_worker() -> None:
