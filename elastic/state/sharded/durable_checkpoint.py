@@ -34,7 +34,6 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
@@ -47,6 +46,7 @@ from elastic.worker.collectives.allreduces import allreduce
 from elastic.worker.collectives.objects import allgather_object
 from elastic.worker.collectives.reduce_ops import Max
 from elastic.worker.context import WorkerContext
+from elastic.worker.group.process_group import create_round_subgroup
 
 __all__ = ["DurableCheckpoints", "Resumed", "optimizer_step", "resume_line"]
 
@@ -203,7 +203,10 @@ class DurableCheckpoints:
         """The Gloo group this round's writes run their collectives on (a collective the
         first time in a round)."""
         if self._group_round != (ctx.round, ctx.formation):
-            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=ctx.timeout))
+            round_ = ctx.round
+            self._group = create_round_subgroup(
+                timedelta(seconds=ctx.timeout), lambda: ctx.events.broken(round_)
+            )
             context.bury(self._group)  # a write may still wait on a dead peer at round's end
             self._group_round = (ctx.round, ctx.formation)
         return self._group

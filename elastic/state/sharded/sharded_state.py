@@ -42,7 +42,6 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from elastic.state.sampler import merge_sampler_states
@@ -66,6 +65,7 @@ from elastic.worker import context
 from elastic.worker.collectives.objects import allgather_object
 from elastic.worker.context import WorkerContext
 from elastic.worker.errors import WorkerLostError
+from elastic.worker.group.process_group import create_round_subgroup
 
 __all__ = ["RestoredCommit", "ShardedState"]
 
@@ -187,9 +187,11 @@ class ShardedState(TorchState):
             )  # fmt: skip
         if not any(placement.holders):
             return
-        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=ctx.timeout))
-        context.bury(group)  # its thread may still wait on a dead peer when the round ends
         round_ = ctx.round
+        group = create_round_subgroup(
+            timedelta(seconds=ctx.timeout), lambda: ctx.events.broken(round_)
+        )
+        context.bury(group)  # its thread may still wait on a dead peer when the round ends
         self._replicator = Replicator(
             group, ctx.rank, placement, lambda: ctx.events.broken(round_), ctx.timeout
         )

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from elastic.errors import ElasticError
 from elastic.worker import context
+from elastic.worker.errors import WorkerLostError
 from elastic.worker.torch_versions import set_group_timeout
 
 
@@ -57,6 +60,34 @@ def create_group(
     )  # fmt: skip
     group = dist.group.WORLD
     assert group is not None
+    set_group_timeout(timeout, group)
+    return group
+
+
+def create_round_subgroup(
+    timeout: timedelta,
+    broken: Callable[[], str | None],
+    connect_timeout: timedelta = CONNECT_TIMEOUT,
+) -> dist.ProcessGroup:
+    """Form a Gloo group of all of the round's ranks beside its default group (every rank of
+    the round must call this, in the same order), for work of its own (a background thread's
+    collectives), and return it.
+
+    As `create_group`: waiting for the others to publish their addresses lasts as long as the
+    store waits (a newer round ends it at once), the connections must complete within
+    `connect_timeout`, not the collective timeout, and the group's collectives get `timeout`.
+    A failure raises `WorkerLostError` where `broken()` says why the round is broken (the
+    driver broke it for every member: the others fail too); otherwise torch's error, or the
+    store's `RoundSuperseded`, goes on, and this worker exits: a rank that went on to the next
+    round alone would leave the others waiting in this round's next collective (a round
+    superseded by a leave is not broken)."""
+    try:
+        group = dist.new_group(backend="gloo", timeout=min(timeout, connect_timeout))
+    except (RuntimeError, TimeoutError, ElasticError) as err:
+        reason = broken()
+        if reason is None or isinstance(err, WorkerLostError):
+            raise
+        raise WorkerLostError(f"forming a group of the round's ranks: {reason}") from err
     set_group_timeout(timeout, group)
     return group
 
