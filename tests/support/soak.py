@@ -41,6 +41,8 @@ from tests.support.processes import processes_naming
 from tests.support.running_job import RunningJob, Stream
 
 SOAK_JOB = WORKERS / "soak_job.py"
+SHARDED_SOAK_JOB = WORKERS / "sharded_soak_job.py"
+JOB_SCRIPTS = (SOAK_JOB.name, SHARDED_SOAK_JOB.name)
 HOSTS_FILE_SCRIPT = DISCOVERY_SCRIPTS / "hosts_file.sh"
 KEEPER = "elastic.driver.launch.keeper"
 AGENT = "elastic.driver.launch.ssh_agent"
@@ -70,7 +72,7 @@ WEIGHTS = {
 STEP = re.compile(r"step (\d+) epoch (\d+) size (\d+) rank (\d+) pid (\d+) t (\d+\.\d+)")
 EXPLAINED_RESET = re.compile(
     r"state (was |is )?lost|from scratch|starting over|start(s|ing)? afresh|no commit"
-    r"|only copy of its state",
+    r"|only copy of its state|resuming from the durable checkpoint",
     re.I,
 )
 """A launcher or worker line that says why training went back to an earlier epoch."""
@@ -183,7 +185,7 @@ def job_processes(marker: str) -> dict[int, tuple[str, str, list[str]]]:
             role = "agent"
         elif DRIVER in argv:
             role = "driver"
-        elif any(arg.endswith(SOAK_JOB.name) for arg in argv):
+        elif any(arg.endswith(JOB_SCRIPTS) for arg in argv):
             role = "worker"
         else:
             continue  # etcd (its data dir is in tmp_path), a discovery script
@@ -273,6 +275,7 @@ class SoakConfig:
     # leaves its host-mate training, as --failure-scope worker says.
     failure_scope: str = "worker"
     launcher_args: tuple[str, ...] = ()  # more `elasticrun` flags (ssh options)
+    job: Path = SOAK_JOB  # the training script: soak_job.py or sharded_soak_job.py
 
 
 @dataclass
@@ -319,7 +322,7 @@ class Soak:
             # new one started, within the stall limit; yet four workers importing torch at once
             # on 2 cores (after the fleet is lost) take up to ~13 s to reach the rendezvous
             "--start-timeout", "25", *c.launcher_args,
-            sys.executable, str(SOAK_JOB), "--out", str(self.folder),
+            sys.executable, str(c.job), "--out", str(self.folder),
             "--side-dir", str(self.side.folder), "--stop-file", str(self.stop_file),
         ]  # fmt: skip
 
@@ -680,4 +683,4 @@ class Soak:
         }
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(self.record(), indent=1))
+        path.write_text(json.dumps(self.record(), indent=1, default=str))

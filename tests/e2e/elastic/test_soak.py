@@ -15,7 +15,9 @@ it checks what a user would check:
   the next training step.
 
 `test_fault_soak` is the bounded run (25 faults, a new seed each run, in every CI run) and
-`test_fault_soak_full` the long one (120 faults, marked slow: ELASTIC_SLOW_TESTS=1).
+`test_fault_soak_full` the long one (120 faults, marked slow: ELASTIC_SLOW_TESTS=1);
+`test_fault_soak_sharded` and `test_fault_soak_sharded_full` are the same for an FSDP2 job
+in a `ShardedState` with durable checkpoints (`sharded_soak`).
 ELASTIC_SOAK_SEED fixes the seed (printed at the start and in every failure),
 ELASTIC_SOAK_FAULTS the number of faults.
 """
@@ -29,6 +31,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ import pytest
 from tests.support.etcd_server import EtcdServer
 from tests.support.soak import (
     EXPLAINED_RESET,
+    SHARDED_SOAK_JOB,
     SOAK_JOB,
     Soak,
     SoakConfig,
@@ -173,6 +177,47 @@ def test_fault_soak(etcd: EtcdServer, tmp_path: Path, capsys: pytest.CaptureFixt
 @pytest.mark.timeout(1800)
 def test_fault_soak_full(etcd: EtcdServer, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run_soak(Soak(soak_config(120), tmp_path, etcd), capsys)
+
+
+def sharded_soak(default_faults: int, tmp_path: Path, etcd: EtcdServer) -> Soak:
+    """The soak of an FSDP2 job (`sharded_soak_job.py`: `ShardedState(replicas=1)`) on three
+    host names of this machine, one worker each, so that every shard's replica is on another
+    host, with a durable checkpoint at every commit in `tmp_path/checkpoints`.
+
+    The fault mix is the TorchState soak's, all of it: with `--min-np 1` its faults often
+    take more than one host at once (the `survivor` fault kills every worker but one and
+    then that one; overlapping kills; a host removed while a worker of another is killed),
+    which no `replicas=1` commit survives. Those resume from the newest durable checkpoint,
+    saying so in one line (which explains an epoch that goes back), and train again what
+    was trained since: the counts are plain values of the state, checkpointed with the
+    model, so exactly once still means once per epoch of the progress the job kept."""
+    hosts = ("localhost", "127.0.0.1", socket.gethostname())
+    assert len(set(hosts)) == 3, "this machine's name is a third name for it"
+    checkpoints = tmp_path / "checkpoints"
+    config = soak_config(
+        default_faults,
+        hosts=hosts,
+        slots=1,
+        job_id="soak-sharded",
+        job=SHARDED_SOAK_JOB,
+        launcher_args=("--checkpoint-dir", str(checkpoints), "--checkpoint-every", "1"),
+    )
+    return Soak(config, tmp_path, etcd)
+
+
+@pytest.mark.timeout(330)
+def test_fault_soak_sharded(
+    etcd: EtcdServer, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run_soak(sharded_soak(25, tmp_path, etcd), capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_fault_soak_sharded_full(
+    etcd: EtcdServer, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run_soak(sharded_soak(120, tmp_path, etcd), capsys)
 
 
 @pytest.mark.timeout(120)
