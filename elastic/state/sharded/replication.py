@@ -27,6 +27,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from elastic.errors import ElasticError
 from elastic.state.sharded.placement import Placement
 from elastic.state.sharded.slots import Block, Slot, Slots
 from elastic.worker.errors import WorkerLostError
@@ -36,7 +37,7 @@ __all__ = ["Replicator"]
 _SLICE = timedelta(milliseconds=50)
 
 
-class _Stopped(Exception):
+class _Stopped(ElasticError):
     """The replication was abandoned (`Replicator.stop`)."""
 
 

@@ -83,6 +83,7 @@ def quiet_driver() -> Iterator[None]:
     logger.disabled = False
 
 
+@pytest.mark.e2e  # no process of its own, but 20 s of churn: kept out of the fast layer
 def test_five_thousand_replacements_leave_status_state_metrics_and_memory_flat(
     quiet_driver: None,
 ) -> None:
