@@ -46,7 +46,7 @@ def test_elastic_example_survives_a_killed_worker(elasticrun, script: str) -> No
          "--blacklist-cooldown-range", "60", "60",
          sys.executable, str(script), "--epochs", "4", "--samples", "2048"]
     )  # fmt: skip
-    job.wait_for(r"\[0\]<stdout>:epoch 1/10", timeout=120)
+    job.wait_for(r"\[0\]<stdout>:epoch 1/4", timeout=120)
     os.kill(_worker_with_rank(script, 1), signal.SIGKILL)
     assert job.finish(180) == 0, job.output
     assert "[0]<stdout>:epoch 4/4" in job.output
