@@ -34,8 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tiny_lm import VOCAB, build  # this script's folder is first on its path
-from torch import nn
+from tiny_lm import VOCAB, build, train_step  # this script's folder is first on its path
 
 import elastic.torch as hvd
 from elastic.worker import context
@@ -151,20 +150,7 @@ def main() -> None:
         check_reform(state, out)
         while state.epoch < args.epochs:
             for k, idx in enumerate(loader):  # padded shards: the same steps on every rank
-                batch = tokens[idx]
-                logits = state.model(batch[:, :-1])
-                loss = nn.functional.cross_entropy(
-                    logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1)
-                )
-                loss.backward()
-                state.optimizer.step()
-                state.optimizer.zero_grad()
-                seen = torch.zeros(n)
-                seen[idx[~state.sampler.padding_mask(k, b)]] = 1.0  # repeats are not counted
-                hvd.allreduce_(seen, op=hvd.Sum)
-                state.counts += seen
-                state.sampler.record_batch(k, b)
-                state.step += 1
+                train_step(state, tokens, idx, k, b)
                 print(
                     f"step {state.step} epoch {state.epoch} size {hvd.size()} rank {hvd.rank()}",
                     flush=True,

@@ -33,34 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from tiny_lm import VOCAB, build, train_step  # this script's folder is first on its path
 
 import elastic.torch as hvd
 
-VOCAB, WIDTH, HIDDEN, SEQ = 13, 6, 7, 6
-
-
-class TinyLM(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.block = nn.Sequential(nn.Linear(WIDTH, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, WIDTH))
-        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed(tokens)
-        return self.head(hidden + self.block(hidden))
-
-
-def build(mesh: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """The same model on every rank, sharded over the round's mesh."""
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    model = TinyLM()
-    fully_shard(model.block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+SEQ = 6
 
 
 def main() -> None:
@@ -110,21 +87,8 @@ def main() -> None:
             if between and state.epoch >= args.min_epochs and stop_requested():
                 return
             for k, idx in enumerate(loader):  # padded shards: the same steps on every rank
-                batch = tokens[idx]
-                logits = state.model(batch[:, :-1])
-                loss = nn.functional.cross_entropy(
-                    logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1)
-                )
-                loss.backward()
-                state.optimizer.step()
-                state.optimizer.zero_grad()
-                seen = torch.zeros(n)
-                seen[idx[~state.sampler.padding_mask(k, b)]] = 1.0  # repeats are not counted
-                hvd.allreduce_(seen, op=hvd.Sum)
+                train_step(state, tokens, idx, k, b)
                 trained_at = time.time()
-                state.counts += seen
-                state.sampler.record_batch(k, b)
-                state.step += 1
                 line = (
                     f"step {state.step} epoch {state.epoch} size {hvd.size()} rank {hvd.rank()} "
                     f"pid {pid} t {trained_at:.3f}"
