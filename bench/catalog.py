@@ -115,6 +115,13 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         needs="a GPU for the published figures: add --device cuda --batch 8192 --steps 100",
     ),
     Benchmark(
+        "sharded_commit_cost",
+        "bench.sharded_commit_cost",
+        "docs/benchmarks.md: ShardedState commits on one GPU: what they cost training",
+        "~2 min (GPU)",
+        needs="a GPU for the published figures (a ~350M-parameter model)",
+    ),
+    Benchmark(
         "goodput",
         "bench.goodput",
         "docs/benchmarks.md: Goodput on a real spot trace: hours 0-4, 1 trace hour = 60 s",

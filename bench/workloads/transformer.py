@@ -93,6 +93,7 @@ def train_step(
     """One step of next-token prediction on this rank's tokens for `step`; the loss."""
     generator = torch.Generator().manual_seed(step * 1000 + rank)
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=generator)
+    tokens = tokens.to(model.head.weight.device)  # a GPU's, where the model is on one
     logits = model(tokens[:, :-1])
     loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
     loss.backward()

@@ -52,9 +52,10 @@ def full(state):
     model_sd, optim_sd = get_state_dict(
         state.model, state.optimizer, options=StateDictOptions(full_state_dict=True)
     )
-    flat = {f"model.{k}": v.detach().cpu() for k, v in model_sd.items()}
+    flat = {f"model.{k}": v.detach().cpu().clone() for k, v in model_sd.items()}
     for name, values in optim_sd["state"].items():
-        flat.update({f"optim.{name}.{k}": torch.as_tensor(v).cpu() for k, v in values.items()})
+        for k, v in values.items():
+            flat[f"optim.{name}.{k}"] = torch.as_tensor(v).cpu().clone()  # step: a CPU tensor
     return flat
 
 

@@ -15,6 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from elastic.protocol.http import SlotInfo
 from elastic.state import ElasticSampler
@@ -44,17 +46,30 @@ def train_step(state: Any, seed: int) -> None:
 
 
 def full_state(state: Any) -> dict[str, torch.Tensor]:
-    """The gathered full state as a user checks it, flattened to name -> tensor (a
-    collective)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    """The gathered full state as a user checks it, flattened to name -> tensor: copies in
+    host memory (a collective)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_sd, optim_sd = get_state_dict(
-        state.model, state.optimizer, options=StateDictOptions(full_state_dict=True)
-    )
-    flat = {f"model.{k}": v.detach().cpu().clone() for k, v in model_sd.items()}
+    model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
+    flat = {f"model.{k}": _whole(v) for k, v in model_sd.items()}
     for name, values in optim_sd["state"].items():
-        flat.update({f"optim.{name}.{k}": v.cpu().clone() for k, v in values.items()})
+        flat.update({f"optim.{name}.{k}": _whole(v) for k, v in values.items()})
     return flat
+
+
+def _whole(value: Any) -> torch.Tensor:
+    """A copy in host memory of the whole of `value`; a DTensor's shards are gathered over a
+    CPU mesh of its group (torch 2.11's functional all-gather of CUDA tensors over Gloo, which
+    `full_tensor()` on the GPU mesh would use, crashes: tests/gpu runs several ranks that way)."""
+    if not isinstance(value, DTensor):
+        return torch.as_tensor(value).detach().cpu().clone()
+    host_mesh = DeviceMesh.from_group(value.device_mesh.get_group(), "cpu")
+    local = value.to_local().detach().cpu()
+    whole = DTensor.from_local(
+        local, host_mesh, value.placements, run_check=False, shape=value.shape,
+        stride=value.stride(),
+    ).full_tensor()  # fmt: skip
+    return whole.clone()
 
 
 def bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
