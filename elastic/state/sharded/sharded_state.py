@@ -234,7 +234,7 @@ class ShardedState(TorchState):
         """Snapshot this rank's blocks as `slot_id` and replicate them; `check` the memory
         they need whatever was checked before (every rank passes the same)."""
         manifest, shards = take(self.model, self.optimizer)
-        block = Block.pack(shards, self._plain())
+        block = self._slots.pack(shards, self._plain())
         self._check_memory(ctx, manifest, block, check)
         slot = Slot(slot_id, origin, ctx.size, manifest, ctx.rank, {ctx.rank: block})
         self._slots.add(slot)
