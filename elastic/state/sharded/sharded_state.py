@@ -347,8 +347,18 @@ class ShardedState(TorchState):
         self._rebuild(ctx)  # anew if a failed load wrote into the model
         if choice is None and newest > 0:
             self._no_commit_survives(describe_loss(held_by, self._replicas))
-        self._enter_round(ctx, hosts, first=choice is None)
-        if choice is None:  # the job's start: the state as build() made it is commit 0
+        # The job's start (nobody holds a commit) checks `replicas` against its hosts; a
+        # re-form that lost commit 0 before the first commit (only commit 0 existed, not held
+        # whole) starts over from build() on the hosts left, as a shrink does.
+        self._enter_round(ctx, hosts, first=choice is None and not any(held_by))
+        if choice is None:  # the state as build() made it is commit 0
+            if any(held_by):  # plain values and samplers are back at commit 0 (restore())
+                self._reshard_samplers()
+                if ctx.rank == 0:
+                    log.warning(
+                        "ShardedState: commit 0 was not held whole by the workers left (hosts "
+                        "lost before the first commit): starting over from build()"
+                    )
             self._slots.keep_only(())
             self._commit_count = 0
             self._take(ctx, SlotId(0, ctx.round), 0, check=True)
@@ -436,6 +446,12 @@ class ShardedState(TorchState):
         self.last_restore = RestoredCommit(choice.origin, choice.world, choice.reason)
         if ctx.rank == 0:
             log.info("ShardedState: %d rank(s) go on from %s", ctx.size, choice.reason)
+
+    def _reshard_samplers(self) -> None:
+        """Re-shard every sampler for this round's rank and size."""
+        for handler in self._handlers.values():
+            if isinstance(handler, _SamplerHandler):
+                handler.value.reset()
 
     def _load_plain(self, parts: list[dict[str, Any]]) -> None:
         """Plain values from old rank 0; each sampler merged over every old rank's."""
