@@ -28,7 +28,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.support.provenance import command_line, git_state, load_averages
+from bench.support.provenance import (
+    command_line,
+    device_name,
+    git_state,
+    load_averages,
+    write_document,
+)
 from elastic.protocol.http import SlotInfo
 from elastic.state import TorchState
 from elastic.worker import context
@@ -151,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         "command": command_line("durable_commit_cost", argv),
         "git": git_state(),
         "torch": torch.__version__,
-        "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
+        "device": device_name(args.device),
         "cpus": os.cpu_count(),
         "parameters": parameters,
         "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
@@ -159,9 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         "summary": summary,
         "loadavg_1_5_15min": load_averages(load_before),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str))
-    print(json.dumps(summary, indent=2), flush=True)
+    write_document(args.out, result, summary)
     dist.destroy_process_group()
 
 

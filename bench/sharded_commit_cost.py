@@ -32,7 +32,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.support.provenance import command_line, git_state, load_averages
+from bench.support.provenance import (
+    command_line,
+    device_name,
+    git_state,
+    load_averages,
+    write_document,
+)
 from bench.workloads.transformer import add_model_args, build, parameter_count, train_step
 from elastic.protocol.http import SlotInfo
 from elastic.state.sharded import ShardedState
@@ -152,16 +158,14 @@ def main(argv: list[str] | None = None) -> None:
         "command": command_line("sharded_commit_cost", argv),
         "git": git_state(),
         "torch": torch.__version__,
-        "device": args.device if device.type == "cpu" else torch.cuda.get_device_name(),
+        "device": device_name(args.device),
         "parameters": parameters,
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "trials": trials,
         "summary": summary,
         "loadavg_1_5_15min": load_averages(load_before),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str))
-    print(json.dumps(summary, indent=2), flush=True)
+    write_document(args.out, result, summary)
     context.activate(None)
     dist.destroy_process_group()
 

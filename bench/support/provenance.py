@@ -3,10 +3,12 @@ the command that runs it again."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from bench.support.paths import ROOT
@@ -38,3 +40,20 @@ def command_line(name: str, argv: list[str] | None) -> str:
     when None): `python -m bench run NAME ARGS...`, quoted for a shell."""
     args = sys.argv[1:] if argv is None else argv
     return shlex.join(["python", "-m", "bench", "run", name, *args])
+
+
+def device_name(device: str) -> str:
+    """ "cpu", or the GPU's model name for a CUDA device."""
+    if not device.startswith("cuda"):
+        return device
+    import torch
+
+    return torch.cuda.get_device_name()
+
+
+def write_document(out: Path, document: dict[str, Any], summary: dict[str, Any]) -> None:
+    """Write a benchmark's JSON `document` to `out` (its folder made) and print its
+    `summary`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2, default=str))
+    print(json.dumps(summary, indent=2), flush=True)
