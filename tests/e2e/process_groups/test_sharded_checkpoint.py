@@ -22,6 +22,7 @@ from elastic.protocol.http import SlotInfo
 from elastic.state import ElasticSampler
 from elastic.worker import context
 from tests.support.worker_group import run_group
+from tests.support.workers.sharded_checks import differing, full_state
 from tests.support.workers.tiny_lm import VOCAB, build
 
 
@@ -35,33 +36,6 @@ def train_step(state: Any, seed: int) -> None:
     state.optimizer.zero_grad()
     state.steps += 1
     state.sampler.record_batch(state.steps - 1, 2)
-
-
-def full_state(state: Any) -> dict[str, torch.Tensor]:
-    """The gathered full state, flattened to name -> tensor (a collective)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-    model_sd, optim_sd = get_state_dict(
-        state.model, state.optimizer, options=StateDictOptions(full_state_dict=True)
-    )
-    flat = {f"model.{k}": v.clone() for k, v in model_sd.items()}
-    for name, values in optim_sd["state"].items():
-        flat.update({f"optim.{name}.{k}": v.clone() for k, v in values.items()})
-    return flat
-
-
-def differing(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
-    """The names whose tensors differ in any bit (or are missing on one side)."""
-    names = sorted(set(a) ^ set(b))
-    for name in set(a) & set(b):
-        x, y = a[name], b[name]
-        if (
-            x.dtype != y.dtype
-            or x.shape != y.shape
-            or not torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8))
-        ):
-            names.append(name)
-    return names
 
 
 def join(port: int, hosts: list[str]) -> int:

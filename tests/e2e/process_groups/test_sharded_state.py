@@ -15,13 +15,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 
 from elastic.protocol.http import SlotInfo
 from elastic.state import ElasticSampler
 from elastic.worker import context
 from tests.support.worker_group import WorkerGroupError, run_group
+from tests.support.workers.sharded_checks import differing, full_state
 from tests.support.workers.tiny_lm import VOCAB, TinyLM, build
 
 HOSTS = ["host-a", "host-b"]
@@ -43,48 +42,6 @@ def train_step(state: Any, seed: int) -> None:
     loss.backward()
     state.optimizer.step()
     state.optimizer.zero_grad()
-
-
-def full_state(state: Any) -> dict[str, torch.Tensor]:
-    """The gathered full state as a user checks it, flattened to name -> tensor: copies in
-    host memory (a collective)."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
-    flat = {f"model.{k}": _whole(v) for k, v in model_sd.items()}
-    for name, values in optim_sd["state"].items():
-        flat.update({f"optim.{name}.{k}": _whole(v) for k, v in values.items()})
-    return flat
-
-
-def _whole(value: Any) -> torch.Tensor:
-    """A copy in host memory of the whole of `value`; a DTensor's shards are gathered over a
-    CPU mesh of its group (torch 2.11's functional all-gather of CUDA tensors over Gloo, which
-    `full_tensor()` on the GPU mesh would use, crashes: tests/gpu runs several ranks that way)."""
-    if not isinstance(value, DTensor):
-        return torch.as_tensor(value).detach().cpu().clone()
-    host_mesh = DeviceMesh.from_group(value.device_mesh.get_group(), "cpu")
-    local = value.to_local().detach().cpu()
-    whole = DTensor.from_local(
-        local, host_mesh, value.placements, run_check=False, shape=value.shape,
-        stride=value.stride(),
-    ).full_tensor()  # fmt: skip
-    return whole.clone()
-
-
-def bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
-    """The names whose tensors differ in any bit (or are missing on one side)."""
-    differ = sorted(set(a) ^ set(b))
-    for name in set(a) & set(b):
-        x, y = a[name], b[name]
-        same = x.dtype == y.dtype and x.shape == y.shape
-        if not same or not torch.equal(_bits(x), _bits(y)):
-            differ.append(name)
-    return differ
-
-
-def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.reshape(-1).view(torch.uint8)
 
 
 def enter(
@@ -179,16 +136,16 @@ def test_a_lost_rank_s_shards_come_from_its_replica_and_a_joiner_gets_its_rows()
 
 def assert_shrink_then_grow(rank0: dict[str, Any], rank1: dict[str, Any]) -> None:
     """What `_shrink_then_grow`'s two ranks must find (tests/gpu reuses it on CUDA)."""
-    assert bitwise_equal(rank0["expected2"], rank1["expected2"]) == []
+    assert differing(rank0["expected2"], rank1["expected2"]) == []
     # 2 -> 1: rank 1's shards come from its replica on rank 0, the state is commit 2's
-    assert bitwise_equal(rank0["after_shrink"], rank0["expected2"]) == []
+    assert differing(rank0["after_shrink"], rank0["expected2"]) == []
     assert rank0["shrink_steps"] == 4, "plain values roll back with the commit"
     assert rank0["shrink_restored"].commit == 2 and rank0["shrink_restored"].world == 2
     assert "shard(s) of 1 from rank 0 from replicas" in rank0["shrink_restored"].reason
     assert rank0["shrink_count"] == 2
     # 1 -> 2: the joiner receives its rows from rank 0; both hold commit 3's state
     for rank in (rank0, rank1):
-        assert bitwise_equal(rank["after_grow"], rank0["expected3"]) == []
+        assert differing(rank["after_grow"], rank0["expected3"]) == []
         assert rank["steps"] == 5
         assert rank["restored"].commit == 3 and rank["restored"].world == 1
     assert rank1["processed"] == 16, "the sampler's processed samples come back with the commit"
@@ -301,7 +258,7 @@ def _leave_at_a_step(port: int) -> dict[str, Any]:
 def test_a_stop_at_a_step_boundary_keeps_the_state_after_that_step() -> None:
     rank0, rank1 = run_group(_leave_at_a_step, 2, free_port(), timeout=90)
     assert rank0["interrupted"] and rank1["interrupted"]
-    assert bitwise_equal(rank0["after"], rank0["expected"]) == [], "nothing rolled back"
+    assert differing(rank0["after"], rank0["expected"]) == [], "nothing rolled back"
     assert rank0["steps"] == 3
     assert rank0["count"] == 2, "the state after step 3 was committed as commit 2"
     assert rank0["restored"].commit == 2 and rank0["restored"].world == 2

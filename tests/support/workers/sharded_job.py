@@ -33,8 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import sharded_checks  # this script's folder is first on its path
 import torch
-from tiny_lm import VOCAB, build, train_step  # this script's folder is first on its path
+from tiny_lm import VOCAB, build, train_step
 
 import elastic.torch as hvd
 from elastic.worker import context
@@ -43,36 +44,14 @@ SEQ = 6
 
 
 def full_state(state: Any) -> dict[str, torch.Tensor]:
-    """The gathered full state, name -> tensor, as a user checks it (a collective). Its
-    all-gathers are torch's own: a peer dying meanwhile fails them with a RuntimeError, which
-    becomes the `WorkerLostError` the run loop re-forms on."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
+    """`sharded_checks.full_state`, its peer's death the `WorkerLostError` the run loop
+    re-forms on (its all-gathers are torch's own, which raise a RuntimeError)."""
     try:
-        model_sd, optim_sd = get_state_dict(
-            state.model, state.optimizer, options=StateDictOptions(full_state_dict=True)
-        )
+        return sharded_checks.full_state(state)
     except RuntimeError as err:
         if isinstance(err, hvd.elastic.WorkerLostError):
             raise
         raise hvd.elastic.WorkerLostError(f"gathering the full state: {err}") from err
-    flat = {f"model.{k}": v.detach().clone() for k, v in model_sd.items()}
-    for name, values in optim_sd["state"].items():
-        flat.update({f"optim.{name}.{k}": torch.as_tensor(v).clone() for k, v in values.items()})
-    return flat
-
-
-def differing(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
-    """The names whose tensors differ in any bit, or are on one side only."""
-    out = sorted(set(a) ^ set(b))
-    for name in sorted(set(a) & set(b)):
-        x, y = a[name], b[name]
-        same = x.dtype == y.dtype and x.shape == y.shape
-        if not same or not torch.equal(
-            x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)
-        ):
-            out.append(name)
-    return out
 
 
 def dump(state: Any, out: Path) -> None:
@@ -99,7 +78,7 @@ def check_reform(state: Any, out: Path) -> None:
     if not path.exists():
         print(f"re-formed {where}: no commit saved at that step", flush=True)
         return
-    differ = differing(full, torch.load(path, weights_only=True))
+    differ = sharded_checks.differing(full, torch.load(path, weights_only=True))
     verdict = "bitwise equal to the commit" if not differ else f"differs in {differ}"
     restored = state.last_restore.reason if state.last_restore else "nothing restored"
     print(f"re-formed {where}: {verdict}; {restored}", flush=True)
