@@ -38,6 +38,8 @@ class Worker:
     state: WorkerState = WorkerState.LAUNCHING
     exit_code: int | None = None
     registered: bool = False
+    registered_at: float | None = None  # when it registered with THIS driver (None: it did
+    # not; an adopted worker registered with an earlier one)
     exiting: bool = False  # said it is shutting down: its stream closing is not a death
     joined: bool = False  # has joined a round at the rendezvous
     pid: int | None = None  # as the worker reported it (remote workers too)

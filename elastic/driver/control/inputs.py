@@ -57,6 +57,8 @@ class WorkerInputs:
         worker.registered = True
         worker.pid = pid
         worker.last_heartbeat = self._clock()
+        if worker.registered_at is None:  # a retried Register does not lengthen its excuse
+            worker.registered_at = worker.last_heartbeat
         return True
 
     def heartbeat(

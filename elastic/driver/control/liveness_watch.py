@@ -27,10 +27,20 @@ class LivenessWatch:
     * a look that wakes late by less (a loop busy with thousands of workers' calls, whose
       heartbeats wait unread on the heartbeat port meanwhile) credits every worker with that
       lateness;
-    * a registered worker none of whose heartbeats has reached this driver yet (its heartbeat
-      connection waits in the port's backlog, or its event stream, which names the port, in
-      gRPC's queue) is not judged hung: it is NOT_JOINED after the start timeout if it never
-      joins, and its process exit or closed event stream still count.
+    * a worker that registered with this driver and none of whose heartbeats has reached it
+      yet (its heartbeat connection waits in the port's backlog, or its event stream, which
+      names the port, in gRPC's queue) is excused for up to the start timeout after it
+      registered: its missed heartbeats count from then (HUNG 3 intervals later), so a
+      worker stopped between its registration and its first heartbeat is found. Its process
+      exit or closed event stream still count meanwhile, and it is NOT_JOINED after the start
+      timeout if it never joins.
+
+    Why the start timeout bounds that excuse: it is the user's allowance for a worker to start
+    (register, open its stream, beat, join), which a large job sets to match its size; the
+    delay it excuses grows with the job (the driver opens every stream of 10,000 workers in
+    about 17 s, docs/benchmarks.md), which a number of heartbeat intervals would have to guess.
+    Unbounded, a worker stopped right after registering and then given a slot (an HTTP join)
+    was excused forever and its round waited for it forever.
     """
 
     def __init__(
@@ -63,9 +73,11 @@ class LivenessWatch:
             self._reports.put_nowait(Tick(now))
 
     def _excuse_lag(self, late: float, now: float, workers: list[Worker]) -> None:
-        for worker in workers:  # not heard yet: its silence is not its own
-            if worker.registered and not worker.heard:
-                worker.last_heartbeat = max(worker.last_heartbeat, now)
+        excused_for = self._limits.start_timeout
+        for worker in workers:  # not heard yet: its silence is not its own, for a while
+            if worker.registered and not worker.heard and worker.registered_at is not None:
+                until = min(now, worker.registered_at + excused_for)
+                worker.last_heartbeat = max(worker.last_heartbeat, until)
         if late < LAG_WORTH_CREDITING:
             return
         if late < self._limits.heartbeat_interval:

@@ -28,9 +28,10 @@ class Limits:
 def judge(workers: Iterable[Worker], now: float, limits: Limits) -> list[tuple[Worker, Verdict]]:
     """The live workers to act on, each with one verdict.
 
-    A registered worker, or one whose heartbeats reached this driver (it may beat before its
-    event stream registers, as after a driver restart), is HUNG after `MISSED_HEARTBEATS`
-    heartbeat intervals without one. A
+    A registered worker, one whose heartbeats reached this driver (it may beat before its
+    event stream registers, as after a driver restart), or one that joined a round (it
+    registered before it joined, maybe with an earlier driver whose record of it was not
+    saved), is HUNG after `MISSED_HEARTBEATS` heartbeat intervals without one. A
     worker whose control stream closed without it saying it exits is STREAM_CLOSED after
     `max(heartbeat_interval, stop_grace)`: a crashing worker closes its stream first and takes
     a while to exit, and its exit code says more. A worker that has not joined a round within
@@ -47,7 +48,7 @@ def judge(workers: Iterable[Worker], now: float, limits: Limits) -> list[tuple[W
         if not worker.state.alive or worker.process is None:
             continue
         closed_for = now - worker.stream_closed_at if worker.stream_closed_at is not None else None
-        heard_of = worker.registered or worker.heard  # else no heartbeat is due from it yet
+        heard_of = worker.registered or worker.heard or worker.joined  # else none is due yet
         hung = heard_of and now - worker.last_heartbeat > MISSED_HEARTBEATS * interval
         if worker.state is WorkerState.LEAVING and not worker.handing_over:
             if closed_for is not None and closed_for > limits.stop_grace:

@@ -13,6 +13,7 @@ re-form does to it.
 Prints `worker pid=P driver=URL` at start, `joined rank=R size=N pid=P` after `hvd.init()`,
 `step S epoch E size N rank R` per step and `done size N rank R` at the end, then calls
 `hvd.shutdown()` (unless `--no-shutdown`); `--exit-delay S` makes its interpreter's exit slow.
+`--unheard-on HOST`: the workers on HOST register and join but send no heartbeat.
 """
 
 from __future__ import annotations
@@ -97,9 +98,19 @@ def main() -> None:
         help="the last rank wants to leave at this step, as after SIGTERM or a notice whose "
         "word to the driver was lost",
     )
+    parser.add_argument(
+        "--unheard-on",
+        metavar="HOST",
+        help="workers on HOST send no heartbeat: their heartbeats never reach the driver, as "
+        "when a connection waits in a loaded driver's backlog (no test can load one so)",
+    )
     args = parser.parse_args()
 
     print(f"worker pid={os.getpid()} driver={os.environ['ELASTIC_DRIVER_URL']}", flush=True)
+    if args.unheard_on is not None and os.environ["ELASTIC_HOSTNAME"] == args.unheard_on:
+        from elastic.worker.driver_link.heartbeats import BeatSender
+
+        BeatSender.aim = lambda self, target: None  # never told where: it never beats
     if args.exit_delay:  # registered before init, as by a library imported earlier
         atexit.register(time.sleep, args.exit_delay)
     hvd.init()

@@ -39,11 +39,12 @@ def member(worker_id: str, last_heartbeat: float) -> Worker:
 def watching(
     workers: list[Worker],
     scenario: Callable[[asyncio.Queue[Report], Clock], Coroutine[Any, Any, None]],
+    limits: Limits = LIMITS,
 ) -> None:
     async def main() -> None:
         reports: asyncio.Queue[Report] = asyncio.Queue()
         clock = Clock()
-        task = asyncio.create_task(LivenessWatch(lambda: workers, LIMITS, reports, clock).run())
+        task = asyncio.create_task(LivenessWatch(lambda: workers, limits, reports, clock).run())
         try:
             await scenario(reports, clock)
         finally:
@@ -127,8 +128,18 @@ def test_a_busy_driver_credits_its_lateness_to_every_worker() -> None:
     watching([quiet], scenario)
 
 
+def unheard(worker_id: str, registered_at: float) -> Worker:
+    """A member that registered with this driver at `registered_at`, no heartbeat read yet."""
+    return worker(
+        worker_id, M, registered=True, registered_at=registered_at, joined=True,
+        last_heartbeat=registered_at,
+    )  # fmt: skip
+
+
 def test_a_worker_whose_heartbeats_never_reached_the_driver_is_not_judged_hung() -> None:
-    unheard = worker("r0", M, registered=True, joined=True, last_heartbeat=99.0)
+    unheard = worker(
+        "r0", M, registered=True, registered_at=99.0, joined=True, last_heartbeat=99.0
+    )  # registered 1 s ago: well within the start timeout (600 s)
     silent = member("r1", last_heartbeat=99.0)
 
     async def scenario(reports: asyncio.Queue[Report], clock: Clock) -> None:
@@ -142,3 +153,54 @@ def test_a_worker_whose_heartbeats_never_reached_the_driver_is_not_judged_hung()
         ]
 
     watching([unheard, silent], scenario)
+
+
+START = 2.0  # the start timeout: how long a registered worker's first heartbeat is awaited
+SHORT_START = Limits(heartbeat_interval=INTERVAL, stop_grace=10.0, start_timeout=START)
+
+
+def test_a_registered_worker_never_heard_is_judged_hung_once_the_start_timeout_passes() -> None:
+    """Stopped between its registration (at 100) and its first heartbeat: excused until 102
+    (the start timeout), hung 3 intervals later. Unbounded, it was excused forever."""
+    stopped = unheard("r0", registered_at=100.0)
+
+    async def scenario(reports: asyncio.Queue[Report], clock: Clock) -> None:
+        assert await look(reports) == [Tick(100.0)]
+        clock.now = 100.0 + START - 0.1  # its first heartbeat may still wait in a backlog
+        assert await look(reports) == [Tick(clock.now)]
+        clock.now = 100.0 + START + 5 * INTERVAL  # the excuse ended at 102: 5 intervals missed
+        assert await look(reports) == [Judged(stopped, Verdict.HUNG), Tick(clock.now)]
+        assert stopped.last_heartbeat < 100.0 + START + INTERVAL, "silent since the bound"
+
+    watching([stopped], scenario, SHORT_START)
+
+
+def test_a_worker_first_heard_late_within_the_start_timeout_is_not_judged_hung() -> None:
+    """Both registered at 100: the one whose first heartbeat is read at 101.9 (a backlog)
+    beats on and is never hung; the one never heard is, after the bound and 3 intervals."""
+    late = unheard("late", registered_at=100.0)
+    stopped = unheard("stopped", registered_at=100.0)
+
+    async def scenario(reports: asyncio.Queue[Report], clock: Clock) -> None:
+        assert await look(reports) == [Tick(100.0)]
+        for now in (101.9, 102.3, 102.7, 103.1):  # its beats, read at each look from 101.9
+            clock.now = late.last_heartbeat = now
+            late.heard = True
+            found = await look(reports)
+            assert Judged(late, Verdict.HUNG) not in found, f"heard at {now}"
+        assert found == [Judged(stopped, Verdict.HUNG), Tick(103.1)]
+
+    watching([late, stopped], scenario, SHORT_START)
+
+
+def test_a_worker_that_registered_with_an_earlier_driver_gets_no_such_excuse() -> None:
+    """No registration with this driver (`registered_at` None; an adopted worker counts as
+    heard, with its own grace): nothing moves its last heartbeat forward."""
+    adopted = worker("r0", M, registered=True, joined=True, last_heartbeat=100.0)
+
+    async def scenario(reports: asyncio.Queue[Report], clock: Clock) -> None:
+        assert await look(reports) == [Tick(100.0)]
+        clock.now += 5 * INTERVAL
+        assert await look(reports) == [Judged(adopted, Verdict.HUNG), Tick(clock.now)]
+
+    watching([adopted], scenario)

@@ -43,8 +43,18 @@ def test_missed_heartbeats_make_a_worker_hung_only_after_three_intervals() -> No
     assert verdict(worker(), 100.0 + MISSED_HEARTBEATS * 1.0 + 0.01) is Verdict.HUNG
 
 
-def test_a_worker_neither_registered_nor_heard_is_not_judged_by_heartbeats() -> None:
-    assert verdict(worker(registered=False, last_heartbeat=0.0), 100.0) is None
+def test_a_worker_neither_registered_nor_heard_nor_joined_is_not_judged_by_heartbeats() -> None:
+    unknown = worker(registered=False, joined=False, last_heartbeat=0.0, launched_at=99.0)
+    assert verdict(unknown, 100.0) is None
+
+
+def test_a_worker_that_joined_unregistered_and_unheard_is_judged_by_heartbeats() -> None:
+    """Re-adopted from a record saved before it registered (so neither registered nor heard
+    here), it then joined a round of this driver: it registered with the earlier driver, so
+    heartbeats are due from it; stopped before any reached this driver, it must be hung."""
+    adopted = worker(registered=False, heard=False, joined=True)
+    assert verdict(adopted, 100.0 + MISSED_HEARTBEATS * 1.0) is None
+    assert verdict(adopted, 100.0 + MISSED_HEARTBEATS * 1.0 + 0.01) is Verdict.HUNG
 
 
 def test_a_worker_heard_before_it_registers_is_judged_by_heartbeats() -> None:
