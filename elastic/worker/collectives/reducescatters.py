@@ -57,25 +57,41 @@ def _start_reducescatter(
     prescale: float,
     postscale: float,
 ) -> Pending:
-    """Launch one reducescatter per tensor; the pending result is this rank's slices."""
+    """Launch one reducescatter per tensor; the pending result is this rank's slices.
+
+    CPU tensors (Gloo) go as an `all_to_all_single` of the row slices, summed here: Gloo's
+    reduce-scatter ignores its wait's timeout, so a rank blocked in it on a live peer that
+    went on to the next round could not see its round broken (the same as FSDP2's, see
+    `elastic.state.sharded.fsdp_comms`)."""
     works: list[dist.Work] = []
-    outputs = []
+    outputs: list[tuple[torch.Tensor, torch.dtype, torch.Tensor | None]] = []
     for tensor in tensors:
         wire = wire_dtype(tensor.dtype)
         work = tensor.to(wire, memory_format=torch.contiguous_format, copy=True)
         scale_(work, prescale)
         split = _split_rows(work.shape[0], where.size)
         out = work.new_empty((split[where.rank], *work.shape[1:]))
-        if work.numel() > 0:
+        received = None
+        if work.numel() > 0 and work.device.type == "cpu":
+            received = work.new_empty((where.size * split[where.rank], *work.shape[1:]))
+            mine = [split[where.rank]] * where.size
+            works.append(
+                dist.all_to_all_single(
+                    received, work, mine, split, group=where.group, async_op=True
+                )
+            )
+        elif work.numel() > 0:
             pieces = list(work.split(split))
             works.append(
                 dist.reduce_scatter(out, pieces, op=torch_op(op), group=where.group, async_op=True)
             )
-        outputs.append((out, tensor.dtype))
+        outputs.append((out, tensor.dtype, received))
 
     def finish() -> list[torch.Tensor]:
         results = []
-        for out, dtype in outputs:
+        for out, dtype, received in outputs:
+            if received is not None:  # every rank's slice of this rank's rows: their sum
+                torch.sum(received.view(where.size, *out.shape), dim=0, out=out)
             finish_(out, op, postscale, where.size)
             results.append(out if out.dtype == dtype else out.to(dtype))
         return results
