@@ -139,7 +139,7 @@ class State:
             [
                 update is not None,
                 update is not None and update.added,
-                ctx.events.leaving,
+                ctx.events.leaving or (update is not None and update.removed),
                 refused is not None,
             ],
             dtype=torch.int64,
@@ -151,7 +151,7 @@ class State:
                 + (refused or "rank 0, which writes it, found a value a checkpoint cannot hold")
             )
         if pending or leaving:
-            self.prepare_to_reform()
+            self.prepare_to_reform(members_leave=leaving)
             raise HostsUpdatedInterrupt(skip_sync=not added)
 
     def finish_background(self) -> None:
@@ -161,11 +161,12 @@ class State:
         the interpreter's exit never tears a group down under it. Never raises for a lost
         peer (the training is over). Nothing to do here."""
 
-    def prepare_to_reform(self) -> None:
+    def prepare_to_reform(self, members_leave: bool = True) -> None:
         """Run on every rank, in the round that ends, once all agreed to re-form (at a commit,
         or at a step when a member leaves), while the old group still works: subclasses merge
-        what only some ranks know (samples recorded with `record_indices`). May use
-        collectives (their `WorkerLostError` propagates)."""
+        what only some ranks know (samples recorded with `record_indices`). `members_leave`
+        (the same on every rank): some member of this round is not in the next (False: the
+        round only grows). May use collectives (their `WorkerLostError` propagates)."""
 
     @property
     def durable(self) -> DurableWriter | None:

@@ -309,7 +309,7 @@ class TorchState(ObjectState):
             for handler in self._handlers.values()
         )
 
-    def prepare_to_reform(self) -> None:
+    def prepare_to_reform(self, members_leave: bool = True) -> None:
         for handler in self._handlers.values():
             if isinstance(handler, _SamplerHandler):
                 handler.merge(0)  # every rank is at the same commit, so in the same data epoch

@@ -297,22 +297,28 @@ class ShardedState(TorchState):
         self._stop_replication()
         TorchState.restore(self)
 
-    def prepare_to_reform(self) -> None:
+    def prepare_to_reform(self, members_leave: bool = True) -> None:
         """Every rank agreed to re-form at a step boundary, while the round still works:
-        merge the samplers (`TorchState`) and finish replicating the last commit. Outside
-        `commit()` (at `check_host_updates()`, or a step a leaving member interrupts) the
-        live state is newer than the last commit: it becomes a commit first, so the re-form
-        goes on from the state after that step. A peer's death meanwhile raises
-        `WorkerLostError` (the run loop rolls back to the last commit replicated whole)."""
-        TorchState.prepare_to_reform(self)
+        merge the samplers (`TorchState`) and, when `members_leave`, finish replicating the
+        last commit (a leaver takes its own shards with it). Outside `commit()` (at
+        `check_host_updates()`, or a step a leaving member interrupts) the live state is newer
+        than the last commit: it becomes a commit first, so the re-form goes on from the
+        state after that step. When the round only grows, every shard of that commit stays
+        with its taker, so its replication is abandoned (the next round replicates anew; the
+        commit before, replicated whole, is kept until then): the incumbents do not wait for
+        it (4 s of a 12 s stall at ~98M parameters on 2 cores). A peer's death meanwhile
+        raises `WorkerLostError` (the run loop rolls back to the last commit held whole)."""
+        TorchState.prepare_to_reform(self, members_leave)
         if not self._in_commit:
             self.save()
             self._commit_count += 1
             ctx = context.current("ShardedState.prepare_to_reform")
             if ctx.on_commit is not None:
                 ctx.on_commit(self._commit_count)
-        if self._replicator is not None:
+        if self._replicator is not None and members_leave:
             self._replicator.wait()
+        else:
+            self._stop_replication()
 
     def on_reset(self) -> None:
         """Defer the reset callbacks until the re-form has rebuilt the model."""
