@@ -25,7 +25,10 @@ def fleet_lost(view: JobView, last: Worker, now: float) -> Decision:
     new workers could only fail the same way:
 
     * no commit was made since the job started, or since every worker was last lost (a
-      script that fails before its first commit);
+      script that fails before its first commit), and some failure was an exit with an error
+      (a fleet lost only to signals, lost hosts and hangs, as spot hosts are, before it could
+      commit again is started again: a replacement preempted while it starts is no crash
+      loop; the third rule below bounds it);
     * every worker whose failure lost the fleet (`lost_with`) exited with an error code (an
       exception, `sys.exit(n)`; not a signal, a lost host or a hang: `exited_with_error`);
     * the same loss (the same exits at the same step, `FleetLoss.alike`) happened
@@ -38,11 +41,12 @@ def fleet_lost(view: JobView, last: Worker, now: float) -> Decision:
     assert elastic is not None
     commit, previous = view.newest_commit, view.fleet_loss
     code = last.exit_code or 1
-    if commit == 0 or (previous is not None and commit == previous.commit):
+    failures = lost_with(view, last)
+    no_progress = commit == 0 or (previous is not None and commit == previous.commit)
+    if no_progress and any(exited_with_error(w) for w in failures):
         since = "since the last such loss" if commit else "since the job started"
         message = f"every worker of the job failed, with no commit {since}"
         return Decision((Finish(code, message),), message)
-    failures = lost_with(view, last)
     exits = tuple(sorted({how_lost(w) for w in failures}))
     if all(exited_with_error(w) for w in failures):
         message = (

@@ -244,6 +244,18 @@ def test_losing_every_worker_without_a_new_commit_ends_the_job(commit, lost_at, 
     )
 
 
+@pytest.mark.parametrize("commit", [0, 7])
+def test_a_fleet_lost_only_to_signals_with_no_new_commit_is_started_again(commit) -> None:
+    """Spot hosts: the fleet was lost, and the replacement was preempted (SIGTERM) while it
+    started, before any commit (sharded fault soak seed 95510: the job ended there)."""
+    dead = killed("r2", code=143)
+    earlier = FleetLoss(commit, ("killed by signal SIGKILL",), commit) if commit else None
+    job = view(dead, members=("r2",), newest_commit=commit, fleet_loss=earlier)
+    decision = fleet_lost(job, dead, NOW)
+    assert kinds(decision)[-1] is FillSlots, decision.reason
+    assert "starting new workers" in decision.reason
+
+
 @pytest.mark.parametrize(
     ("codes", "ends"),
     [
