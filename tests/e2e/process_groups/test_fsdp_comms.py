@@ -9,8 +9,6 @@ timeout, and the new round with it (the ~98M sharded benchmark after a SIGKILL).
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Any
 
 import pytest
@@ -22,7 +20,7 @@ from torch.distributed.fsdp import fully_shard
 
 from elastic.state.sharded.fsdp_comms import elastic_comms
 from elastic.worker import context
-from elastic.worker.errors import WorkerLostError
+from tests.support.peer_away import collective_while_a_peer_is_away
 from tests.support.worker_group import run_group
 
 HUNG_S = 4.0  # how long rank 1 stays away from the backward's reduce-scatter
@@ -38,26 +36,9 @@ def _model(mesh: Any) -> nn.Module:
 
 def _backward_while_a_peer_is_away() -> dict[str, Any]:
     ctx = context.current()
-    side = dist.new_group(backend="gloo")  # for the end: neither rank leaves before the other
     model = _model(init_device_mesh("cpu", (2,)))
     loss = model(torch.ones(4, 64) * (ctx.rank + 1)).square().sum()
-    out: dict[str, Any] = {}
-    if ctx.rank == 0:
-        timer = threading.Timer(0.3, ctx.events.break_round, (ctx.round, "rank 1 is hung"))
-        timer.start()
-        started = time.monotonic()
-        try:
-            loss.backward()
-            out["returned_after"] = time.monotonic() - started
-        except WorkerLostError as err:
-            out["lost"] = (str(err), time.monotonic() - started)
-        timer.cancel()
-        dist.barrier(group=side)
-    else:
-        time.sleep(HUNG_S)  # "hung"; then its half, so that rank 0's abandoned transfer ends
-        loss.backward()
-        dist.barrier(group=side)
-    return out
+    return collective_while_a_peer_is_away(loss.backward, HUNG_S)
 
 
 def test_a_rank_blocked_in_fsdp2_s_reduce_scatter_gives_up_when_the_round_is_broken() -> None:

@@ -6,16 +6,13 @@ gone on to the next round waited the whole collective timeout, and the new round
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 import elastic.torch as hvd
 from elastic.worker import context
-from elastic.worker.errors import WorkerLostError
+from tests.support.peer_away import collective_while_a_peer_is_away
 from tests.support.worker_group import run_group
 
 HUNG_S = 4.0  # how long rank 1 stays away from the reducescatter
@@ -34,32 +31,14 @@ def _reducescatter(tensor: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _reducescatter_while_a_peer_is_away() -> dict[str, Any]:
-    ctx = context.current()
-    side = dist.new_group(backend="gloo")  # for the end: neither rank leaves before the other
     tensor = torch.arange(6 * 1000, dtype=torch.float32).reshape(6, 1000)
-    out: dict[str, Any] = {}
-    if ctx.rank == 0:
-        timer = threading.Timer(0.3, ctx.events.break_round, (ctx.round, "rank 1 is hung"))
-        timer.start()
-        started = time.monotonic()
-        try:
-            _reducescatter(tensor)
-            out["returned_after"] = time.monotonic() - started
-        except WorkerLostError as err:
-            out["lost"] = (str(err), time.monotonic() - started)
-        timer.cancel()
-        dist.barrier(group=side)
-    else:
-        time.sleep(HUNG_S)  # "hung"; then its half, so that rank 0's abandoned transfer ends
-        out["sum"] = _reducescatter(tensor)[0]
-        dist.barrier(group=side)
-    return out
+    return collective_while_a_peer_is_away(lambda: _reducescatter(tensor)[0], HUNG_S)
 
 
 def test_a_rank_blocked_in_reducescatter_gives_up_when_the_round_is_broken() -> None:
     out, late = run_group(_reducescatter_while_a_peer_is_away, 2, timeout=60)
     rows = torch.arange(6 * 1000, dtype=torch.float32).reshape(6, 1000)[3:]
-    assert torch.equal(late["sum"], 2 * rows), "the late rank's rows: both ranks' sum"
+    assert torch.equal(late["result"], 2 * rows), "the late rank's rows: both ranks' sum"
     assert "returned_after" not in out, f"reducescatter waited {out.get('returned_after')} s"
     message, seconds = out["lost"]
     assert "round 1 is broken: rank 1 is hung" in message
