@@ -12,28 +12,20 @@ the state: they are committed, replicated and checkpointed with the model, so af
 rollback to a commit or a resume from a checkpoint they are those of that commit, and the
 samples trained since are trained (and counted) again. At the end each count must equal the
 number of epochs. The job commits, and waits for that checkpoint, before its first step: a
-loss beyond the replicas with no checkpoint yet would end it (`ShardsLostError`), and one
-before the first commit meets the job-start replica check (a bug left open: see
-`test_sharded_job.py`'s xfail).
+loss beyond the replicas with no checkpoint yet would end it (`ShardsLostError`).
 
 Each step ends with `state.check_host_updates()` (or a commit), so a leaver leaves at a step
-boundary. Prints `worker pid=P` at start, `joined rank=R size=N pid=P` after `hvd.init()`,
-`step S epoch E size N rank R pid P t T` per step and `done epochs E size N rank R` at the
-end; every step line is appended to `--side-dir/<pid>.log` after it is printed. Rank 0
-writes `result.json` (counts and epochs) into `--out`.
+boundary. Its lines, side log and result: `soak_worker.py`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import time
-from pathlib import Path
 from typing import Any
 
+import soak_worker  # this script's folder is first on its path
 import torch
-from tiny_lm import VOCAB, build, train_step  # this script's folder is first on its path
+from tiny_lm import VOCAB, build, train_step
 
 import elastic.torch as hvd
 
@@ -41,23 +33,9 @@ SEQ = 6
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--side-dir", required=True)
-    parser.add_argument("--stop-file", required=True)
-    parser.add_argument("--min-epochs", type=int, default=2)
-    parser.add_argument("--samples", type=int, default=48)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--commit-every", type=int, default=3)
-    parser.add_argument("--step-delay", type=float, default=0.03)
-    args = parser.parse_args()
-
+    args = soak_worker.parse_args(commit_every=3)
     torch.set_num_threads(1)
-    pid = os.getpid()
-    print(f"worker pid={pid}", flush=True)
-    side = open(Path(args.side_dir, f"{pid}.log"), "a", buffering=1)  # noqa: SIM115
-    hvd.init()
-    print(f"joined rank={hvd.rank()} size={hvd.size()} pid={pid}", flush=True)
+    side = soak_worker.join(args.side_dir)
     n, b = args.samples, args.batch
     tokens = torch.randint(0, VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(1))
     sampler = hvd.elastic.ElasticSampler(range(n), shuffle=True, seed=1)
@@ -67,12 +45,6 @@ def main() -> None:
     assert state.durable_checkpoints is not None, "run with --checkpoint-dir"
     loader = torch.utils.data.DataLoader(range(n), sampler=sampler, batch_size=b)
 
-    def stop_requested() -> bool:
-        """The same answer on every rank: whether any rank sees the stop file."""
-        flag = torch.tensor([1.0 if os.path.exists(args.stop_file) else 0.0])
-        hvd.allreduce_(flag, op=hvd.Max)
-        return bool(flag.item() > 0)
-
     def commit(state: Any) -> None:
         state.durable_checkpoints.wait(10)  # so that this commit is checkpointed too
         state.commit()
@@ -81,20 +53,12 @@ def main() -> None:
     def train(state: Any) -> None:
         if state.step == 0:  # the same on every rank: a checkpoint before the first step
             commit(state)
-        while True:
-            # Only between epochs (as soak_job.py): a reset re-enters mid-epoch.
-            between = not state.sampler.processed_indices
-            if between and state.epoch >= args.min_epochs and stop_requested():
+        while state.epoch < args.max_epochs:
+            if soak_worker.stop_requested(state, args):
                 return
             for k, idx in enumerate(loader):  # padded shards: the same steps on every rank
                 train_step(state, tokens, idx, k, b)
-                trained_at = time.time()
-                line = (
-                    f"step {state.step} epoch {state.epoch} size {hvd.size()} rank {hvd.rank()} "
-                    f"pid {pid} t {trained_at:.3f}"
-                )
-                print(line, flush=True)
-                side.write(line + "\n")
+                soak_worker.report_step(state, side, time.time())
                 time.sleep(args.step_delay)
                 if state.step % args.commit_every == 0:
                     commit(state)
@@ -105,11 +69,7 @@ def main() -> None:
             commit(state)
 
     train(state)
-    if hvd.rank() == 0:
-        result = {"counts": state.counts.tolist(), "epochs": state.epoch, "size": hvd.size()}
-        Path(args.out, "result.json").write_text(json.dumps(result))
-    print(f"done epochs {state.epoch} size {hvd.size()} rank {hvd.rank()}", flush=True)
-    hvd.shutdown()
+    soak_worker.finish(state, state.counts, args.out)
 
 
 if __name__ == "__main__":

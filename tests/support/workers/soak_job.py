@@ -19,35 +19,17 @@ the test checks that every line there reached the launcher. Rank 0 writes `resul
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import time
-from pathlib import Path
 
+import soak_worker  # this script's folder is first on its path
 import torch
 
 import elastic.torch as hvd
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--side-dir", required=True)
-    parser.add_argument("--stop-file", required=True)
-    parser.add_argument("--min-epochs", type=int, default=2)
-    parser.add_argument("--max-epochs", type=int, default=100_000)
-    parser.add_argument("--samples", type=int, default=48)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--commit-every", type=int, default=2)
-    parser.add_argument("--step-delay", type=float, default=0.03)
-    args = parser.parse_args()
-
-    pid = os.getpid()
-    print(f"worker pid={pid}", flush=True)
-    side = open(Path(args.side_dir, f"{pid}.log"), "a", buffering=1)  # noqa: SIM115
-    hvd.init()
-    print(f"joined rank={hvd.rank()} size={hvd.size()} pid={pid}", flush=True)
+    args = soak_worker.parse_args(commit_every=2)
+    side = soak_worker.join(args.side_dir)
     torch.manual_seed(0)
     n, b = args.samples, args.batch
     data = torch.randn(n, 4)
@@ -63,20 +45,10 @@ def main() -> None:
     )
     loader = torch.utils.data.DataLoader(range(n), sampler=sampler, batch_size=b)
 
-    def stop_requested() -> bool:
-        """The same answer on every rank: whether any rank sees the stop file."""
-        flag = torch.tensor([1.0 if os.path.exists(args.stop_file) else 0.0])
-        hvd.allreduce_(flag, op=hvd.Max)
-        return bool(flag.item() > 0)
-
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         while state.epoch < args.max_epochs:
-            # Only between epochs: after a reset, `hvd.elastic.run` calls `train` again in the
-            # middle of an epoch; stopping there would leave that epoch partly trained. Every
-            # rank sees the same processed indices here (synced or merged by the reset).
-            between = not state.sampler.processed_indices
-            if between and state.epoch >= args.min_epochs and stop_requested():
+            if soak_worker.stop_requested(state, args):
                 return
             for k, idx in enumerate(loader):  # padded shards: the same steps on every rank
                 optimizer.zero_grad()
@@ -91,12 +63,7 @@ def main() -> None:
                     model.counts += seen
                 state.sampler.record_batch(k, b)
                 state.step += 1
-                line = (
-                    f"step {state.step} epoch {state.epoch} size {hvd.size()} rank {hvd.rank()} "
-                    f"pid {pid} t {trained_at:.3f}"
-                )
-                print(line, flush=True)
-                side.write(line + "\n")
+                soak_worker.report_step(state, side, trained_at)
                 time.sleep(args.step_delay)
                 if state.step % args.commit_every == 0:
                     state.commit()
@@ -105,11 +72,7 @@ def main() -> None:
             state.commit()
 
     train(state)
-    if hvd.rank() == 0:
-        result = {"counts": model.counts.tolist(), "epochs": state.epoch, "size": hvd.size()}
-        Path(args.out, "result.json").write_text(json.dumps(result))
-    print(f"done epochs {state.epoch} size {hvd.size()} rank {hvd.rank()}", flush=True)
-    hvd.shutdown()
+    soak_worker.finish(state, model.counts, args.out)
 
 
 if __name__ == "__main__":
