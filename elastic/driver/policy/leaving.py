@@ -50,16 +50,21 @@ def leave(
     along: Set[str] = frozenset(),
 ) -> Decision:
     """`worker_id` is asked to leave for `why` (`cause`), with those `along`: a joiner is
-    stopped; a member goes at once (static job, or a member that stays holds its state) or
-    hands its state over first (alone, it looks for a holder at once; with others `along`,
-    the decision that asked them all looks once all are asked: see `host_changes.together`)."""
+    stopped; a member alone goes at once (static job, or a member that stays holds its
+    state) or hands its state over first, looking for a holder at once. With others `along`
+    it always waits as a leaver, its state held or not: the decision that asked them all
+    looks once all are asked and lets them go in one round (`host_changes.together`,
+    `handovers`)."""
     worker = view.workers[worker_id]
     if worker.state is WorkerState.LAUNCHING:
         return Decision((StopWorker(worker_id, why),), f"worker {worker_id} is stopped: {why}")
     if worker.state is not WorkerState.MEMBER:
         return NOTHING
-    if view.elastic is None or handed_over(view, worker, along):
+    held = handed_over(view, worker, along)
+    if view.elastic is None or (held and not along):
         return Decision(let_go(view, worker, why, cause), f"worker {worker_id} leaves: {why}")
+    if held:  # its state is safe: it only waits to go in the round its companions go in
+        return Decision((HandOver(worker_id, why, cause),), f"worker {worker_id} leaves: {why}")
     reason = f"worker {worker_id} leaves ({why}) once another worker holds commit {worker.commit}"
     line = (
         f"{view.where(worker)} leaves the job ({why}) once another worker holds its state "
@@ -95,27 +100,39 @@ def let_go(view: JobView, worker: Worker, why: str, cause: Cause) -> tuple[Actio
 
 
 def handovers(view: JobView, hosts: Sequence[HostSpec]) -> Decision:
-    """Let every leaver go whose state another member now holds. When no other worker is
-    there to take a leaver's state over, launch one on a free slot of `hosts`; when none can
-    be launched, let the leaver go with its state."""
+    """Let the leavers go, in one round, once another member holds each one's state. While
+    no other worker is there to take a leaver's state over, launch one on a free slot of
+    `hosts`; when none can be launched, that leaver goes with its state (said so). A leaver
+    whose state is held waits for the others: leavers asked together (a removed host's
+    workers) go in one round, as Horovod re-forms once per host change."""
     leavers = [w for w in view.workers.values() if w.handing_over and w.state.alive]
-    actions: list[Action] = []
+    stranded: set[str] = set()
     launch: Decision | None = None
-    needs_launch = False
+    waiting = needs_launch = False
     for worker in leavers:
         if handed_over(view, worker):
-            holds = f"another worker holds its state now (commit {worker.commit})"
-            why = f"{worker.leave_reason}; {holds}"
-            actions += let_go(view, worker, why, Cause(worker.leave_cause))
             continue
         if any(
             w.state in (WorkerState.LAUNCHING, WorkerState.MEMBER) and w.process is not None
             for w in view.workers.values()
         ):
-            continue  # a member or a joiner will report holding the commit
+            waiting = True  # a member or a joiner will report holding the commit
+            continue
         launch = launch or fill_slots(view, hosts)
         if any(isinstance(a, Launch) for a in launch.actions):
-            needs_launch = True
+            waiting = needs_launch = True
+            continue
+        stranded.add(worker.worker_id)
+    reason = f"{len(leavers)} worker(s) handing their state over"
+    if waiting:
+        return Decision(launch.actions, reason) if needs_launch and launch else NOTHING
+    actions: list[Action] = []
+    for worker in leavers:
+        if worker.worker_id not in stranded:
+            holds = f"another worker holds its state now (commit {worker.commit})"
+            actions += let_go(
+                view, worker, f"{worker.leave_reason}; {holds}", Cause(worker.leave_cause)
+            )
             continue
         actions.append(
             Log(
@@ -126,8 +143,4 @@ def handovers(view: JobView, hosts: Sequence[HostSpec]) -> Decision:
         )
         why = f"{worker.leave_reason}; nobody can take its state over"
         actions += let_go(view, worker, why, Cause(worker.leave_cause))
-    if needs_launch and launch is not None:
-        actions.extend(launch.actions)
-    if not actions:
-        return NOTHING
-    return Decision(tuple(actions), f"{len(leavers)} worker(s) handing their state over")
+    return Decision(tuple(actions), reason) if actions else NOTHING

@@ -180,14 +180,35 @@ def test_several_leavers_share_one_launch() -> None:
     assert decision.reason == "2 worker(s) handing their state over"
 
 
-def test_leavers_are_decided_each_on_their_own() -> None:
-    """r0's commit is held by r2, r1's newer one by nobody: r0 goes, r1 waits for r2."""
-    job = view(
-        leaver("r0", commit=5), leaver("r1", slot=1, commit=6), worker("r2", M, slot=2, commit=5),
-        members=("r0", "r1", "r2"),
-    )  # fmt: skip
-    let_go = [a for a in handovers(job, [HostSpec("a", 4)]).actions if isinstance(a, LetGo)]
-    assert let_go == [LetGo("r0", "SIGTERM; another worker holds its state now (commit 5)")]
+def test_leavers_go_together_once_every_one_s_state_is_held() -> None:
+    """r0's commit is held by r2, r1's newer one by nobody yet: r0 waits with r1 (a removed
+    host's two workers leave in one round, as Horovod re-forms once per host change); both
+    go in one decision once r2 reports commit 6."""
+
+    def job(r2_commit: int):
+        return view(
+            leaver("r0", commit=5), leaver("r1", slot=1, commit=6),
+            worker("r2", M, slot=2, commit=r2_commit), members=("r0", "r1", "r2"),
+        )  # fmt: skip
+
+    assert handovers(job(5), [HostSpec("a", 4)]) is NOTHING
+    decision = handovers(job(6), [HostSpec("a", 4)])
+    assert [a for a in decision.actions if isinstance(a, LetGo)] == [
+        LetGo("r0", "SIGTERM; another worker holds its state now (commit 5)"),
+        LetGo("r1", "SIGTERM; another worker holds its state now (commit 6)"),
+    ]
+
+
+def test_a_member_leaving_along_waits_for_its_companions_even_when_its_state_is_held() -> None:
+    """The CI failure this guards: a removed host's r1 had reported commit 19 like the
+    survivor r2, r0 already 20; r1 went at once and r0 a round later (two re-forms for one
+    host change). Asked together, r1 waits silently as a leaver."""
+    workers = (worker("r0", M, commit=20), worker("r1", M, slot=1, commit=19),
+               worker("r2", M, "b", commit=19))  # fmt: skip
+    job = view(*workers, members=("r0", "r1", "r2"))
+    decision = leave(job, "r1", WHY, along={"r0"})
+    assert decision.actions == (HandOver("r1", WHY),), "no line saying it waits for a holder"
+    assert leave(job, "r1", WHY).actions[0] == LetGo("r1", WHY)  # alone, it goes at once
 
 
 def test_a_leaver_that_ended_is_not_handed_over() -> None:
