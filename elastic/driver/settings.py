@@ -46,6 +46,13 @@ class FailureScope(enum.StrEnum):
     WORKER = "worker"  # itself alone: its host's other workers go on
 
 
+class Rollback(enum.StrEnum):
+    """How far the survivors go back when a peer dies (--rollback)."""
+
+    STEP = "step"  # to the newest step every survivor, or one of them, holds consistently
+    COMMIT = "commit"  # to the last commit, always
+
+
 @dataclass(frozen=True)
 class ElasticSettings:
     """Present when the job is elastic (a discovery script or `--min-np` was given)."""
@@ -60,6 +67,7 @@ class ElasticSettings:
     reset_limit: int | None = None
     cooldown_range: tuple[float, float] = (5.0, 300.0)
     failure_scope: FailureScope = FailureScope.HOST
+    rollback: Rollback = Rollback.STEP
 
     def __post_init__(self) -> None:
         """Raise `SettingsError` for a count out of range, a duration that is not a finite

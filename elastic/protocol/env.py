@@ -34,6 +34,7 @@ WORKER_ID = "ELASTIC_WORKER_ID"  # this worker process's id in the job, stable a
 ELASTIC = "ELASTIC_ELASTIC"  # "1" in an elastic job
 JOB_ID = "ELASTIC_JOB_ID"
 COLLECTIVE_TIMEOUT = "ELASTIC_COLLECTIVE_TIMEOUT"
+ROLLBACK = "ELASTIC_ROLLBACK"
 START_TIMEOUT = "ELASTIC_START_TIMEOUT"
 ELASTIC_TIMEOUT = "ELASTIC_ELASTIC_TIMEOUT"  # how long the job may wait for --min-np workers
 # With the etcd backend: where workers look up a restarted driver's address, and how long
@@ -162,6 +163,9 @@ class WorkerEnvironment:
     checkpoint: CheckpointSettings = CheckpointSettings()  # durable commits (none by default)
     preemption_check: str = ""  # a command run every interval that prints when the host goes
     preemption_check_interval: float = 5.0  # seconds
+    # after a peer dies: "step", the survivors go on from their consistent live state;
+    # "commit", back to the last commit (--rollback)
+    rollback: str = "step"
 
     def to_env(self) -> dict[str, str]:
         """The variables that describe this environment; a None or empty option sets none.
@@ -192,7 +196,7 @@ class WorkerEnvironment:
                 f"({', '.join(missing)} not set); run it as `elasticrun -np N python script.py`"
             )
         given = {
-            attribute: _parsed(environ, name, read)
+            attribute: _parsed(environ, name, read, _WHAT.get(name, "a number"))
             for attribute, name, _, read in _SCALARS
             if environ.get(name)
         }
@@ -204,6 +208,8 @@ class WorkerEnvironment:
         )
 
 
+_WHAT = {ROLLBACK: "'step' or 'commit'"}
+"""What a variable read by `_SCALARS` must be, where it is not a number."""
 _REQUIRED = (DRIVER_URL, CONTROL_ADDRESS, TOKEN, WORKER_ID, HOSTNAME)
 """What `WorkerEnvironment.from_env` cannot do without."""
 
@@ -222,6 +228,12 @@ def _write_text(value: str) -> str | None:
 
 def _write_pem(value: bytes | None) -> str | None:
     return None if value is None else value.decode()
+
+
+def _read_rollback(text: str) -> str:
+    if text not in ("step", "commit"):
+        raise ValueError(f"{text!r} is neither 'step' nor 'commit'")
+    return text
 
 
 def _read_pem(text: str) -> bytes:
@@ -243,9 +255,10 @@ _SCALARS: tuple[tuple[str, str, Callable[[Any], str | None], Callable[[str], Any
     ("driver_wait", DRIVER_WAIT, str, float),
     ("preemption_check", PREEMPTION_CHECK, _write_text, str),
     ("preemption_check_interval", PREEMPTION_CHECK_INTERVAL, str, float),
+    ("rollback", ROLLBACK, str, _read_rollback),
 )
 """(field, variable, how it is written, how it is read) of each plain `WorkerEnvironment`
-field. Only the numbers' readers raise `ValueError`."""
+field. Only the numbers' and the rollback's readers raise `ValueError`."""
 _ETCD = (
     ("prefix", ETCD_PREFIX),
     ("ca_cert", ETCD_CA_CERT),

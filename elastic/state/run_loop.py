@@ -24,9 +24,10 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
     The wrapper syncs `state` from the rank holding the newest commit, then calls `func`;
     when `func` returns, it lets the state finish its background work
     (`State.finish_background`) before returning `func`'s result.
-    When a peer dies (`WorkerLostError` from a collective), it restores the last commit,
+    When a peer dies (`WorkerLostError` from a collective), it tells the state
+    (`State.peer_lost`: keep the live state to agree on, or restore the last commit),
     re-joins the next round, calls the state's reset callbacks, syncs (only where the
-    survivors' commits differ, or a new worker joins), and calls `func` again.
+    survivors' states differ, or a new worker joins), and calls `func` again.
     When the membership changes (`HostsUpdatedInterrupt`, raised by `state.commit()` on every
     rank at the same step, or by `DistributedOptimizer.step()` when a member leaves: `func`
     must keep its progress in `state` as each step completes, as the sampler's
@@ -48,14 +49,16 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
                 state.finish_background()
                 return result
             except WorkerLostError as err:
-                skip_sync = _restore(state, err)
+                state.peer_lost(err)
+                skip_sync = True
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
                 if interrupt.at_step:  # raised by the optimizer, which knows no state
                     try:
                         state.prepare_to_reform()
                     except WorkerLostError as err:
-                        skip_sync = _restore(state, err)
+                        state.peer_lost(err)
+                        skip_sync = True
             try:
                 runtime.rejoin()
             except NotMemberError:
@@ -66,11 +69,3 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
             state.on_reset()
 
     return wrapper
-
-
-def _restore(state: State, err: WorkerLostError) -> bool:
-    """A peer died: back to the last commit. Returns `skip_sync` for the next round: True,
-    the survivors' sync runs only where their commits differ."""
-    log.warning("rank %d: %s; restoring the last commit", runtime.rank(), err)
-    state.restore()
-    return True

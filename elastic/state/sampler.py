@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from elastic.worker import context
+from elastic.worker.training import step_boundary
 
 __all__ = ["ElasticSampler", "merge_sampler_states"]
 
@@ -173,12 +174,14 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
         span = batch_size * self._stride
         self._processed[self._padded[batch_idx * span : (batch_idx + 1) * span]] = True
         context.process_wide().progress.counted(batch_size)
+        step_boundary.boundary()
 
     def record_indices(self, indices: Iterable[int] | torch.Tensor) -> None:
         """Record that these dataset indices have been processed (known to other ranks after
         the next sync). Raises `IndexError` for an index outside the dataset."""
         self._mark(indices)
         self.unshared = True
+        step_boundary.boundary()
 
     def _mark(self, indices: Iterable[int] | torch.Tensor) -> None:
         values = _index_tensor(indices)

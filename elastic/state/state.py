@@ -31,7 +31,8 @@ from elastic.worker import context
 from elastic.worker.collectives.allreduces import allreduce
 from elastic.worker.collectives.objects import broadcast_object
 from elastic.worker.collectives.reduce_ops import Max, Sum
-from elastic.worker.errors import HostsUpdatedInterrupt
+from elastic.worker.errors import HostsUpdatedInterrupt, WorkerLostError
+from elastic.worker.training import step_boundary
 
 __all__ = ["ObjectState", "State"]
 
@@ -46,6 +47,10 @@ class _Survey:
     needed: bool  # a rank asked for a sync, the counts differ, or the job's newest is lost
     durable: int  # the newest durable commit a fresh rank found (0: none looked, none found)
     durable_rank: int  # the lowest rank that found it
+    steps: tuple[int, ...]  # each rank's optimizer steps applied to its live state
+    kept: bool  # some rank kept its live state after a lost peer (`State.peer_lost`)
+    live_root: int | None  # the lowest of the kept consistent ranks with the most steps
+    live_needed: bool  # the live states differ (steps, consistency, a joiner, commit counts)
 
 
 class State:
@@ -58,6 +63,14 @@ class State:
 
     def __init__(self, checkpoint_dir: str | None = None) -> None:
         self._commit_count = 0
+        # Optimizer steps applied to the live state (counted by states that track an
+        # optimizer: `_counts_steps`), and to the snapshot.
+        self._steps = 0
+        self._saved_steps = 0
+        # After a lost peer, whether this rank kept its live state ("consistent" or not:
+        # see `peer_lost`); None: it rolled back, or nothing was lost.
+        self._kept: str | None = None
+        self._torn = False  # a sync into this rank's live state was cut off
         self._reset_callbacks: list[Callable[[], None]] = []
         self._durable = durable_writer(checkpoint_dir)
 
@@ -97,7 +110,9 @@ class State:
         `elastic.state.loadable`; rank 0's message names the value), unless the directory
         trusts full pickles.
         """
+        step_boundary.boundary()  # whatever the script booked, it booked before its commit
         self.save()
+        self._saved_steps = self._steps
         self._commit_count += 1
         ctx = context.current("State.commit")
         if ctx.on_commit is not None:  # the driver saves it (with --backend etcd)
@@ -128,6 +143,7 @@ class State:
         of them. `skip_sync` is true when no worker is added. Raises the collective's
         `WorkerLostError` if a peer dies.
         """
+        step_boundary.boundary()
         self._check_host_updates(None)
 
     def _check_host_updates(self, refused: str | None) -> None:
@@ -203,6 +219,44 @@ class State:
         count (a sync must then merge it); subclasses with such state say so."""
         return False
 
+    def _counts_steps(self) -> bool:
+        """Whether this state counts the optimizer steps applied to it (`_steps`), so that
+        survivors can agree on a live state instead of rolling back (`TorchState` with an
+        optimizer). Here: no."""
+        return False
+
+    def _drop_step(self) -> None:
+        """Forget the step in flight (its gradients) when the live state is kept."""
+
+    def peer_lost(self, err: WorkerLostError) -> None:
+        """A peer died (`err`, from a collective): under `--rollback step`, in a state that
+        counts its steps, keep the live state for the next round to agree on (`sync`: the
+        survivors go on from the newest step one of them holds consistently, or, when none
+        does, every one rolls back to its last commit there); otherwise roll back to the last
+        commit now. Local."""
+        ctx = context.current("State.peer_lost")
+        mode = ctx.config.rollback if ctx.config is not None else "step"
+        if mode == "commit" or not self._counts_steps():
+            log.warning("rank %d: %s; restoring the last commit", ctx.rank, err)
+            self._roll_back()
+            return
+        consistent = step_boundary.at_boundary() and not self._torn
+        self._kept = "consistent" if consistent else "inconsistent"
+        self._drop_step()
+        if consistent:
+            log.warning("rank %d: %s; keeping the state after step %d", ctx.rank, err, self._steps)
+        else:
+            log.warning(
+                "rank %d: %s; its state after step %d is not booked yet (a collective between "
+                "optimizer.step() and record_batch), so it takes a peer's",
+                ctx.rank, err, self._steps,
+            )  # fmt: skip
+
+    def _roll_back(self) -> None:
+        """Back to the last snapshot, step count included (local)."""
+        self.restore()
+        self._steps, self._torn, self._kept = self._saved_steps, False, None
+
     def newest_commit_rank(self) -> tuple[int, int]:
         """Return `(rank, commit_count)`: the lowest rank among those whose snapshot has the
         highest commit counter. A collective (one allreduce); raises its `WorkerLostError` if a
@@ -215,22 +269,34 @@ class State:
         holds unshared state), the newest commit count the driver told any rank of, and the
         newest durable commit each rank found (`durable`)."""
         ctx = context.current("State.sync")
-        size = ctx.size
-        values = torch.zeros(3 * size + 1, dtype=torch.int64)
-        values[ctx.rank] = self._commit_count
-        values[size + ctx.rank] = ctx.job_commit
-        values[2 * size + ctx.rank] = durable
-        values[3 * size] = int(needed or self._holds_unshared())
+        size, rank = ctx.size, ctx.rank
+        values = torch.zeros(5 * size + 2, dtype=torch.int64)
+        values[rank] = self._commit_count
+        values[size + rank] = ctx.job_commit
+        values[2 * size + rank] = durable
+        values[3 * size + rank] = self._steps
+        # what this rank offers to go on from: its step count + 1, when it kept a consistent
+        # live state after a lost peer; 0 otherwise
+        values[4 * size + rank] = self._steps + 1 if self._kept == "consistent" else 0
+        values[5 * size] = int(needed or self._holds_unshared())
+        values[5 * size + 1] = int(self._kept is not None)
         values = allreduce(values, op=Sum)
         counts, found = values[:size], values[2 * size : 3 * size]
+        offers = values[4 * size : 5 * size]
         newest, job_commit = int(counts.max()), int(values[size : 2 * size].max())
+        best = int(offers.max())
+        asked = bool(values[5 * size])
         return _Survey(
             root=int((counts == newest).nonzero()[0]),
             newest=newest,
             job_commit=job_commit,
-            needed=bool(values[3 * size]) or int(counts.min()) != newest or newest < job_commit,
+            needed=asked or int(counts.min()) != newest or newest < job_commit,
             durable=int(found.max()),
             durable_rank=int((found == found.max()).nonzero()[0]),
+            steps=tuple(int(v) for v in values[3 * size : 4 * size]),
+            kept=bool(values[5 * size + 1]),
+            live_root=int((offers == best).nonzero()[0]) if best > 0 else None,
+            live_needed=asked or int(offers.min()) != best or int(counts.min()) != newest,
         )
 
     def _newest_durable(self) -> int:
@@ -288,12 +354,17 @@ class State:
         every rank, and a sync makes the counts equal), so the run loop passes False after a
         membership change that, as this rank saw it, added nobody, and after a restore."""
         survey = self._survey(needed, self._newest_durable())
+        if survey.kept:
+            if survey.live_root is not None:
+                self._go_on_live(survey)
+                return
+            survey = self._roll_back_kept(needed)
         if survey.durable > survey.newest:
             survey = self._resume_durable(survey)
         if not survey.needed:
             return
         ctx = context.current("State.sync")
-        self.sync_from(survey.root)
+        self._sync_from_root(survey.root, survey.steps[survey.root])
         self._commit_count = max(survey.newest, survey.job_commit)
         if survey.newest < survey.job_commit and ctx.rank == 0:
             start = f"commit {survey.newest}" if survey.newest else "the initial state"
@@ -304,8 +375,53 @@ class State:
                 start,
             )
         self.save()
+        self._saved_steps = self._steps
         if ctx.on_commit is not None:
             ctx.on_commit(self._commit_count)
+
+    def _sync_from_root(self, root: int, steps: int) -> None:
+        """`sync_from(root)`, `root`'s step count with it; a rank cut off meanwhile has a
+        torn live state (`peer_lost` then offers none)."""
+        ctx = context.current("State.sync")
+        self._torn = ctx.rank != root
+        self.sync_from(root)
+        self._steps, self._torn = steps, False
+
+    def _go_on_live(self, survey: _Survey) -> None:
+        """After a lost peer, some survivor kept a consistent live state: every rank goes on
+        from the one with the most steps (`survey.live_root`), taking it where the live
+        states differ, and that state becomes a new commit. Nothing is rolled back."""
+        ctx = context.current("State.sync")
+        root = survey.live_root
+        assert root is not None
+        steps = survey.steps[root]
+        self._kept = None
+        if not survey.live_needed:
+            return
+        if ctx.rank == 0:
+            log.warning(
+                "going on from rank %d's state after step %d, nothing rolled back", root, steps
+            )
+        self._sync_from_root(root, steps)
+        self._commit_count = max(survey.newest, survey.job_commit) + 1
+        self.save()
+        self._saved_steps = self._steps
+        if ctx.on_commit is not None:
+            ctx.on_commit(self._commit_count)
+
+    def _roll_back_kept(self, needed: bool) -> _Survey:
+        """After a lost peer, no survivor holds a consistent live state: those that kept
+        theirs roll back to their last commit, as with `--rollback commit`, and the ranks
+        survey again."""
+        ctx = context.current("State.sync")
+        if self._kept is not None:
+            self._roll_back()
+        if ctx.rank == 0:
+            log.warning(
+                "no survivor holds a consistent state after its last step: rolling back to "
+                "the last commit"
+            )
+        return self._survey(needed, self._newest_durable())
 
     def save(self) -> None:
         """Snapshot the state to host memory (local; no collective)."""

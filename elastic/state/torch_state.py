@@ -18,6 +18,7 @@ import torch
 from elastic.state.sampler import ElasticSampler, merge_sampler_states
 from elastic.state.state import ObjectState
 from elastic.worker.collectives.objects import allgather_object, broadcast_object
+from elastic.worker.training import step_boundary
 from elastic.worker.training.ddp_checks import refuse_plain_ddp
 from elastic.worker.training.state_broadcasts import (
     broadcast_optimizer_state,
@@ -136,6 +137,19 @@ class _ModelHandler(_Handler):
 
 
 class _OptimizerHandler(_Handler):
+    def __init__(self, value: Any) -> None:
+        super().__init__(value)
+        self.hook: Any = None  # the step counter's hook (`TorchState._count_steps_of`)
+
+    def drop_step(self) -> None:
+        """Forget the gradients of the step in flight (and a `DistributedOptimizer`'s
+        reductions of them)."""
+        drop = getattr(self.value, "drop_gradients", None)
+        if drop is not None:
+            drop()
+        else:
+            self.value.zero_grad(set_to_none=True)
+
     def save(self) -> None:
         self.saved = host_snapshot(self.value.state_dict(), self._reusable())
 
@@ -241,6 +255,7 @@ class TorchState(ObjectState):
                 object.__setattr__(self, name, None)
         super().__init__(checkpoint_dir, **plain)
         for handler in handlers.values():
+            self._count_steps_of(handler)
             handler.save()
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -253,9 +268,33 @@ class TorchState(ObjectState):
                     f"TorchState.{name} holds a {type(handlers[name].value).__name__}; "
                     f"it cannot become a {type(value).__name__}"
                 )
+            old = handlers[name]
+            if isinstance(old, _OptimizerHandler) and old.hook is not None:
+                old.hook.remove()
+            self._count_steps_of(handler)
             handler.save()
             handlers[name] = handler
         super().__setattr__(name, value)
+
+    def _count_steps_of(self, handler: _Handler) -> None:
+        """Count each step `handler`'s optimizer applies (`State._steps`), and mark it as
+        not yet booked (`step_boundary`)."""
+        if not isinstance(handler, _OptimizerHandler):
+            return
+
+        def stepped(*_: Any) -> None:
+            self._steps += 1
+            step_boundary.applied()
+
+        handler.hook = handler.value.register_step_post_hook(stepped)
+
+    def _counts_steps(self) -> bool:
+        return any(isinstance(h, _OptimizerHandler) for h in self._handlers.values())
+
+    def _drop_step(self) -> None:
+        for handler in self._handlers.values():
+            if isinstance(handler, _OptimizerHandler):
+                handler.drop_step()
 
     def save(self) -> None:
         for handler in self._handlers.values():

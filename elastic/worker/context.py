@@ -83,6 +83,8 @@ class ProcessWide:
     # weak references to DistributedOptimizers' gradient reducers, in order of creation
     optimizers: list[Any] = field(default_factory=list)
     progress: Progress = field(default_factory=Progress)  # what its heartbeats say it does
+    # an optimizer step was applied and not yet booked (see training/step_boundary.py)
+    step_pending: bool = False
     # Between `shutdown()` and the next `init()`: the context of the round it left, its group
     # released. The worker is still a member of the job (its driver connections, heartbeats
     # and events are kept); `init()` takes this up again.

@@ -10,7 +10,7 @@ import argparse
 
 from elastic.driver.cli.backend_flags import FlagParser, add_backend_flags
 from elastic.driver.logs import LOG_FORMATS
-from elastic.driver.settings import DEFAULT_WORKER_HISTORY, FailureScope
+from elastic.driver.settings import DEFAULT_WORKER_HISTORY, FailureScope, Rollback
 
 EXAMPLES = """\
 examples:
@@ -213,6 +213,16 @@ def _add_elastic_flags(parser: argparse.ArgumentParser) -> None:
         help="what a failed worker takes out of the job: 'host', its host's other workers "
         "too, as horovodrun does (a GPU or host fault); 'worker', itself alone, its host's "
         "other workers going on (an out-of-memory kill) (default host)",
+    )
+    elastic.add_argument(
+        "--rollback",
+        choices=[way.value for way in Rollback],
+        default=Rollback.STEP.value,
+        metavar="step|commit",
+        help="where the survivors go on from when a worker dies: 'step', the newest optimizer "
+        "step every survivor completed (or one of them, whose state the others take), so a "
+        "failure costs only the step in flight; 'commit', their last commit, as Horovod "
+        "does (default step; see docs/worker-api.md#no-rollback)",
     )
     elastic.add_argument(
         "--discovery-interval",

@@ -34,7 +34,7 @@ from elastic.driver.job import Job
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.logs import HeldLines, launcher_formatter, tags
 from elastic.driver.server.tls import TlsIdentity
-from elastic.driver.settings import MAX_NP, ElasticSettings, FailureScope, Settings
+from elastic.driver.settings import MAX_NP, ElasticSettings, FailureScope, Rollback, Settings
 from elastic.protocol.env import CheckpointSettings
 
 log = logging.getLogger("elasticrun")
@@ -207,6 +207,7 @@ def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
         reset_limit=args.reset_limit,
         cooldown_range=(low, high),
         failure_scope=FailureScope(args.failure_scope or FailureScope.HOST),
+        rollback=Rollback(args.rollback),
     )
     return settings if elastic else None
 

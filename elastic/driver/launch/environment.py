@@ -50,6 +50,7 @@ class WorkerEnvironments:
             start_timeout=settings.start_timeout,
             collective_timeout=settings.collective_timeout,
             **({"elastic_timeout": elastic.elastic_timeout} if elastic else {}),
+            **({"rollback": elastic.rollback.value} if elastic else {}),
             tls_cert=endpoints.tls.cert_pem if endpoints.tls else None,
             etcd=settings.backend.etcd,  # workers find a restarted driver through etcd
             driver_wait=settings.backend.driver_wait,

@@ -290,6 +290,12 @@ class ShardedState(TorchState):
             log.warning("ShardedState: the last commit's replication was abandoned: %s", err)
         self._stop_replication()
 
+    def _counts_steps(self) -> bool:
+        """A lost peer's shards of the live state are gone (only commits are replicated), so
+        the survivors always roll back to the newest commit held whole: `--rollback step`
+        does not apply here."""
+        return False
+
     def restore(self) -> None:
         """Roll plain values and samplers back to the last commit, and abandon the
         replication in flight; the model and optimizer are rolled back by the next round's

@@ -36,6 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from elastic.worker.context import WorkerContext, current
 from elastic.worker.torch_versions import ddp_without_own_sync
+from elastic.worker.training import step_boundary
 from elastic.worker.training.ddp_checks import (
     WRAPPER,
     check_ddp_arguments,
@@ -104,6 +105,7 @@ class DistributedDataParallel(torch.nn.Module):
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """The module's forward through this round's DDP, (re)built first in a new round.
         Raises `WorkerLostError` when a peer is lost during a broadcast."""
+        step_boundary.boundary()  # the last step is booked: this one begins
         ddp, built = self._bound()
         if not built and self._sync_buffers and ddp.require_forward_param_sync:
             buffers = dict(self.module.named_buffers())

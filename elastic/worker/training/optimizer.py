@@ -23,6 +23,7 @@ from elastic.worker.collectives.process_sets import Scope
 from elastic.worker.collectives.reduce_ops import Average, Sum, resolve_op
 from elastic.worker.context import current
 from elastic.worker.errors import HostsUpdatedInterrupt
+from elastic.worker.training import step_boundary
 from elastic.worker.training.gradient_reducer import GradientReducer
 
 __all__ = ["DistributedOptimizer"]
@@ -66,6 +67,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         preemption notice), every rank raises `HostsUpdatedInterrupt` here instead, at the
         same step, before this step changes anything: the leaver goes, the others re-form
         and go on from the state after the last step, with nothing rolled back."""
+        step_boundary.boundary()  # the last step is booked: this one begins
         if self._reducer.word.take(current("DistributedOptimizer.step").round):
             self._reducer.abandon()  # this step's gradients: it never happened
             self._synchronized = False
@@ -132,6 +134,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "gradients' allreduce"
             )
         super().zero_grad(set_to_none)
+
+    def drop_gradients(self) -> None:
+        """Forget this step's gradients and any reduction of them still in flight (the
+        round broke; the step runs again in the next)."""
+        self._reducer.abandon()
+        self._synchronized = False
+        super().zero_grad(set_to_none=True)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load optimizer state; a gradient reduction in progress is dropped (an elastic restore

@@ -14,6 +14,14 @@ Prints `worker pid=P driver=URL` at start, `joined rank=R size=N pid=P` after `h
 `step S epoch E size N rank R` per step and `done size N rank R` at the end, then calls
 `hvd.shutdown()` (unless `--no-shutdown`); `--exit-delay S` makes its interpreter's exit slow.
 `--unheard-on HOST`: the workers on HOST register and join but send no heartbeat.
+`--lose-step K --lose-step-on-rank R`: a race no test can force (Gloo's allreduce finishing
+on some ranks and not on others when a peer dies in it), made to happen: at step K, rank R's
+gradient allreduce finishes, then R SIGKILLs the job's last rank and raises `WorkerLostError`
+before applying the step, as if its allreduce had failed; the other survivors have applied
+step K and lose the last rank in the next collective. Once per job (`--fail-once-file`).
+`--die-after-step K`: the last rank SIGKILLs itself right after applying step K, before the
+count's allreduce: its peers have applied step K too and lose it before booking it. Once
+per job (`--fail-once-file`).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import argparse
 import atexit
 import json
 import os
+import signal
 import time
 import urllib.request
 from pathlib import Path
@@ -74,6 +83,25 @@ def _model_and_optimizer(
     return net, torch.optim.SGD(net.parameters(), lr=0.01)
 
 
+def _lose_a_step(args: argparse.Namespace, optimizer: torch.optim.Optimizer, state) -> None:
+    """The race of `--lose-step` (see the module's docstring)."""
+    victim = hvd.allgather_object(os.getpid())[-1]  # the last rank of the first round
+    reduce = optimizer.synchronize
+
+    def synchronize() -> None:
+        reduce()
+        if (
+            state.step + 1 == args.lose_step
+            and hvd.rank() == args.lose_step_on_rank
+            and _first_to_create(args.fail_once_file)
+        ):
+            print(f"losing step {args.lose_step} on rank {hvd.rank()}", flush=True)
+            os.kill(victim, signal.SIGKILL)
+            raise hvd.WorkerLostError("injected: this rank's allreduce failed, its peers' did not")
+
+    optimizer.synchronize = synchronize
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -98,6 +126,9 @@ def main() -> None:
         help="the last rank wants to leave at this step, as after SIGTERM or a notice whose "
         "word to the driver was lost",
     )
+    parser.add_argument("--lose-step", type=int, default=-1, help="see the docstring")
+    parser.add_argument("--lose-step-on-rank", type=int, default=0)
+    parser.add_argument("--die-after-step", type=int, default=-1, help="see the docstring")
     parser.add_argument(
         "--unheard-on",
         metavar="HOST",
@@ -131,6 +162,8 @@ def main() -> None:
         step=0,
     )
     loader = torch.utils.data.DataLoader(range(n), sampler=sampler, batch_size=b)
+    if args.lose_step >= 0:
+        _lose_a_step(args, optimizer, state)
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
@@ -142,6 +175,12 @@ def main() -> None:
                 loss = ((net(data[idx]) - target[idx]) ** 2).sum() / (b * hvd.size())
                 loss.backward()
                 optimizer.step()
+                if (
+                    state.step + 1 == args.die_after_step
+                    and hvd.rank() == hvd.size() - 1
+                    and _first_to_create(args.fail_once_file)
+                ):
+                    os.kill(os.getpid(), signal.SIGKILL)
                 seen = torch.zeros(n)
                 seen[idx[~state.sampler.padding_mask(k, b)]] = 1.0  # repeats are not counted
                 hvd.allreduce_(seen, op=hvd.Sum)

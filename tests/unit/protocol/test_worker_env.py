@@ -57,6 +57,7 @@ def everything() -> WorkerEnvironment:
         checkpoint=CheckpointSettings("s3://bucket/run7", every=5, interval=30.0, keep=3),
         preemption_check="discovery_scripts/aws_spot_check.py",
         preemption_check_interval=2.0,
+        rollback="commit",
     )
 
 
@@ -148,6 +149,7 @@ def test_an_empty_environment_names_every_missing_variable() -> None:
         (env.START_TIMEOUT, "30s", "ELASTIC_START_TIMEOUT='30s' is not a number"),
         (env.COLLECTIVE_TIMEOUT, "x", "ELASTIC_COLLECTIVE_TIMEOUT='x' is not a number"),
         (env.DRIVER_WAIT, "5 min", "ELASTIC_DRIVER_WAIT='5 min' is not a number"),
+        (env.ROLLBACK, "never", "ELASTIC_ROLLBACK='never' is not 'step' or 'commit'"),
         (env.ETCD_ENDPOINTS, "nohost", "ELASTIC_ETCD_ENDPOINTS: etcd endpoint 'nohost'"),
     ],
 )
