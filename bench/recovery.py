@@ -39,6 +39,11 @@ memory every 5 steps, torchrun's rank 0 checkpoints to a file every 5 steps and 
   (elasticrun: at size 2; torchrun restarts the whole group, at size 3 again);
 * `steps_lost`: last step printed before the SIGKILL minus the step the job resumes from.
 
+`elasticrun_rollback_commit` is elasticrun under `--rollback commit` (back to the last commit
+after a death, as Horovod does), beside `elasticrun` (the default, `--rollback step`: back to
+no completed step). With `--commit-every 1000` only the initial state is ever committed, so
+`steps_lost` shows what each loses to a death when commits are far apart.
+
 `elasticrun_observed` is elasticrun watched as an operator would while it runs: from its
 launch on, a thread of the benchmark scrapes `/metrics` once a second and fetches the job's
 status once a second with the token (`/v1/status`: the same `JobStatus` the dashboard page
@@ -92,7 +97,10 @@ from bench.support.trial_processes import (
     stop_all,
 )
 
-SYSTEMS = ["elasticrun", "elasticrun_observed", "torchrun_tuned", "torchrun_default"]
+SYSTEMS = [
+    "elasticrun", "elasticrun_rollback_commit", "elasticrun_observed", "torchrun_tuned",
+    "torchrun_default",
+]  # fmt: skip
 WATCH_EVERY = 1.0  # seconds between two scrapes, and between two status fetches
 
 # Timeouts (s) of the waits of one trial.
@@ -416,12 +424,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--commit-every",
+        type=int,
+        default=COMMIT_EVERY,
+        help=f"steps between two commits or checkpoints (default {COMMIT_EVERY}); 1000: only "
+        "the initial state is ever committed, so a rollback shows in steps_lost",
+    )
     args = parser.parse_args(argv)
     names = [s for s in args.systems.split(",") if s]
     if unknown := set(names) - set(SYSTEMS):
         parser.error(f"unknown systems: {sorted(unknown)}")
     default_trials = args.trials if args.default_trials is None else args.default_trials
-    systems = make_systems()
+    systems = make_systems(args.commit_every)
     add_line, add_why = third_host()
     rng = random.Random(args.seed)
     logs = RESULTS / "elastic_recovery"
@@ -463,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
         "git": code,
         "workload": {
             "model": "MLP 64-768-768-768-1, SGD, 80 samples per rank and step, 1 thread",
-            "commit_every_steps": COMMIT_EVERY,
+            "commit_every_steps": args.commit_every,
             "elasticrun": str(ELASTIC_WORKLOAD.relative_to(ROOT)),
             "torchrun": str(TORCHRUN_WORKLOAD.relative_to(ROOT)),
         },

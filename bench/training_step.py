@@ -13,8 +13,10 @@ per-step time of each side and its ratio to DDP's. One thread per rank for every
 Sides: `ddp` (DistributedDataParallel, default 25 MiB buckets), `hvd` (DistributedOptimizer with
 its default fusion threshold, 64 MiB), `hvd_25MiB` (fusion_threshold_bytes=25 MiB, DDP's bucket
 size), `hvd_unchecked` (`hvd` with the cross-rank check off, so without the one small
-exchange per step that lets `hvd.join()` ranks follow) and `local` (the model and optimizer
-without any communication: the compute floor).
+exchange per step that lets `hvd.join()` ranks follow), `hvd_in_state` (`hvd` held in a
+`hvd.elastic.TorchState`, which counts each step for `--rollback step`: the cost of not rolling
+back, against `hvd`) and `local` (the model and optimizer without any communication: the
+compute floor).
 Models: `mlp` (10 Linear 1024x1024 + ReLU, ~10.5M parameters) and `many_small` (120 blocks of
 Linear(32, 32) + LayerNorm(32) + ReLU: 240 layers, 480 parameter tensors, ~134k parameters).
 Each run's JSON document goes to bench/results/optimizer_np{N}.json and to stdout, and the
@@ -31,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-SIDES = ["ddp", "hvd", "hvd_25MiB", "hvd_unchecked", "local"]
+SIDES = ["ddp", "hvd", "hvd_25MiB", "hvd_unchecked", "hvd_in_state", "local"]
 MODELS = {
     # name: (batch size, input width, steps per side per round)
     "mlp": (32, 1024, 8),
@@ -61,19 +63,22 @@ def markdown(docs: list[dict]) -> str:
     """The published table (README, Benchmarks) of one run per np."""
     lines = [
         "| np | model | params (tensors) | DDP, 25 MiB buckets | hvd, 64 MiB fusion | ratio "
-        "| hvd, 25 MiB fusion | ratio | hvd, check off | ratio | no communication |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| hvd, 25 MiB fusion | ratio | hvd, check off | ratio | hvd in a TorchState "
+        "| vs hvd | no communication |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for doc in docs:
         for r in doc["results"]:
-            d, h, h25, off, loc = (
-                r[k] for k in ("ddp", "hvd", "hvd_25MiB", "hvd_unchecked", "local")
+            d, h, h25, off, kept, loc = (
+                r[k] for k in ("ddp", "hvd", "hvd_25MiB", "hvd_unchecked", "hvd_in_state", "local")
             )
             lines.append(
                 f"| {doc['np']} | {r['model']} | {r['params'] / 1e6:.2f}M ({r['param_tensors']}) "
                 f"| {d['step_ms']:.1f} | {h['step_ms']:.1f} | {h['ratio_vs_ddp']:.2f} "
                 f"| {h25['step_ms']:.1f} | {h25['ratio_vs_ddp']:.2f} "
-                f"| {off['step_ms']:.1f} | {off['ratio_vs_ddp']:.2f} | {loc['step_ms']:.1f} |"
+                f"| {off['step_ms']:.1f} | {off['ratio_vs_ddp']:.2f} "
+                f"| {kept['step_ms']:.1f} | {kept['step_ms'] / h['step_ms']:.3f} "
+                f"| {loc['step_ms']:.1f} |"
             )
     return "\n".join(lines)
 
@@ -123,12 +128,15 @@ def worker(args: argparse.Namespace) -> None:
 
         models = {side: copy.deepcopy(base) for side in SIDES}
         runners = {}
+        states = []  # kept alive for the run
         for side, model in models.items():
             opt = torch.optim.SGD(model.parameters(), lr=lr)
             if side == "ddp":
                 model = DistributedDataParallel(model)  # default group, bucket_cap_mb=25
-            elif side in ("hvd", "hvd_unchecked"):
+            elif side in ("hvd", "hvd_unchecked", "hvd_in_state"):
                 opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+                if side == "hvd_in_state":  # counts its steps (--rollback step)
+                    states.append(hvd.elastic.TorchState(model=model, optimizer=opt))
             elif side == "hvd_25MiB":
                 opt = hvd.DistributedOptimizer(
                     opt,
@@ -166,7 +174,7 @@ def worker(args: argparse.Namespace) -> None:
                     float((p - r).abs().max())
                     for p, r in zip(models[side].parameters(), ref, strict=True)
                 )
-                for side in ("hvd", "hvd_25MiB", "hvd_unchecked")
+                for side in ("hvd", "hvd_25MiB", "hvd_unchecked", "hvd_in_state")
             }
         ddp_time = statistics.median(samples["ddp"])
         row: dict = {
@@ -191,7 +199,7 @@ def worker(args: argparse.Namespace) -> None:
                 + f"  diff {max_diff}",
                 flush=True,
             )
-        del models, runners
+        del models, runners, states
 
     if rank == 0:
         doc = {

@@ -60,6 +60,8 @@ class System:
     env: dict[str, str]
     torchrun_extra: list[str] = field(default_factory=list)
     observed: bool = False  # an operator scrapes its metrics and polls its status meanwhile
+    elastic_extra: list[str] = field(default_factory=list)  # more elasticrun flags
+    commit_every: int = COMMIT_EVERY
 
     def elasticrun_cmd(self, folder: Path) -> list[str]:
         exe = shutil.which("elasticrun")
@@ -67,8 +69,9 @@ class System:
             *([exe] if exe else [sys.executable, "-m", "elastic.driver.cli"]),
             "-np", "2", "--min-np", "1", "--max-np", "3",
             "--host-discovery-script", str(HOSTS_FILE_SCRIPT),
-            "--discovery-interval", "0.2", "--failure-scope", "worker",
-            sys.executable, str(ELASTIC_WORKLOAD), *worker_args(folder),
+            "--discovery-interval", "0.2", "--failure-scope", "worker", *self.elastic_extra,
+            sys.executable, str(ELASTIC_WORKLOAD),
+            *worker_args(folder, commit_every=self.commit_every),
         ]  # fmt: skip
 
     def torchrun_cmd(self, folder: Path, port: int, run_id: str) -> list[str]:
@@ -79,29 +82,41 @@ class System:
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
             "--max-restarts=1000",
             *self.torchrun_extra,
-            str(TORCHRUN_WORKLOAD), *worker_args(folder),
+            str(TORCHRUN_WORKLOAD), *worker_args(folder, commit_every=self.commit_every),
         ]  # fmt: skip
 
 
-def worker_args(folder: Path, max_seconds: float = WORKER_MAX_SECONDS) -> list[str]:
+def worker_args(
+    folder: Path, max_seconds: float = WORKER_MAX_SECONDS, commit_every: int = COMMIT_EVERY
+) -> list[str]:
     """The workloads' arguments (both systems, and the multi-host benchmark's); `max_seconds`
-    is the workers' safety timer."""
-    return ["--out", str(folder), "--commit-every", str(COMMIT_EVERY),
+    is the workers' safety timer, `commit_every` the steps between two commits (elasticrun)
+    or checkpoints (torchrun)."""
+    return ["--out", str(folder), "--commit-every", str(commit_every),
             "--max-seconds", str(max_seconds)]  # fmt: skip
 
 
-def make_systems() -> dict[str, System]:
+def make_systems(commit_every: int = COMMIT_EVERY) -> dict[str, System]:
+    """The systems by name, committing (or checkpointing) every `commit_every` steps:
+    `elasticrun_rollback_commit` is elasticrun under `--rollback commit` (Horovod's rollback
+    to the last commit), beside `elasticrun` (the default, `--rollback step`)."""
     base = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     # LOGLEVEL=INFO: the agents log their rendezvous rounds and restarts (milestones)
     torch_env = dict(base, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", LOGLEVEL="INFO")
-    return {
-        "elasticrun": System("elasticrun", "elasticrun", base),
-        "elasticrun_observed": System("elasticrun_observed", "elasticrun", base, observed=True),
-        "torchrun_tuned": System(
+    systems = [
+        System("elasticrun", "elasticrun", base),
+        System(
+            "elasticrun_rollback_commit", "elasticrun", base, elastic_extra=["--rollback", "commit"]
+        ),  # fmt: skip
+        System("elasticrun_observed", "elasticrun", base, observed=True),
+        System(
             "torchrun_tuned",
             "torchrun",
             torch_env,
             [f"--rdzv-conf={TUNED_RDZV_CONF}", f"--monitor-interval={TUNED_MONITOR_INTERVAL}"],
         ),
-        "torchrun_default": System("torchrun_default", "torchrun", torch_env),
-    }
+        System("torchrun_default", "torchrun", torch_env),
+    ]
+    for system in systems:
+        system.commit_every = commit_every
+    return {system.name: system for system in systems}

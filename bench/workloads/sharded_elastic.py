@@ -30,8 +30,11 @@ round and its process group), `restore`, `sync` (the state's whole re-form), wit
 `rewrap` (`_rebuild`: the round's mesh, `build(mesh)`, the checks), `replica_group`
 (`_enter_round`: the round's replication group), `transfer` (`reshard`: the rows moved to
 their new owners), `to_dtensor` (`state_dicts`), `snapshot` (`take`: the re-formed state's
-commit copied to host memory; also at every commit). A wrapped name that the state no longer
-has is skipped.
+commit copied to host memory; also at every commit); and, from a commit that sees a new round
+to the re-join: `pack` (the commit's copy into host memory), `replicate_start`,
+`replicate_wait`, `replicate_stop`, `check_updates` (the agreement on a new round, with what
+follows it), `prepare` (the state's preparation to re-form), within it `merge_samplers`. A
+wrapped name that the state no longer has is skipped.
 
 A stand-in until `ShardedState` does it (issue 29): FSDP2's own collectives (the all-gather of
 the forward, the reduce-scatter of the backward) raise torch's `RuntimeError` when a peer
@@ -138,6 +141,20 @@ def time_the_reform() -> None:
         ("take", "snapshot"),
     ]:  # fmt: skip
         timed(sharded_state, name, label)
+    # From a commit that sees a new round to the re-join (the incumbents' stall at a grow).
+    from elastic.state import state as plain_state
+    from elastic.state import torch_state
+    from elastic.state.sharded import replication, slots
+
+    for owner, name, label in [
+        (slots.Slots, "pack", "pack"), (replication.Replicator, "start", "replicate_start"),
+        (replication.Replicator, "wait", "replicate_wait"),
+        (replication.Replicator, "stop", "replicate_stop"),
+        (plain_state.State, "_check_host_updates", "check_updates"),
+        (torch_state.TorchState, "prepare_to_reform", "merge_samplers"),
+        (cls, "prepare_to_reform", "prepare"),
+    ]:  # fmt: skip
+        timed(owner, name, label)
 
 
 def main() -> None:
