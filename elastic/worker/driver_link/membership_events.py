@@ -51,7 +51,8 @@ class MembershipEvents:
         self._lock = threading.Lock()
         self._offered = threading.Condition(self._lock)
         self._offer: Offer | None = None
-        self._update: HostsUpdate | None = None
+        # the announced rounds not yet known to be behind this worker, by number
+        self._updates: dict[int, HostsUpdate] = {}
         self._broken_up_to = 0
         self._broken_reason = ""
         self._called_back = 0  # the newest broken round whose successor waits for this worker
@@ -59,15 +60,14 @@ class MembershipEvents:
         self._leave_reason: str | None = None
 
     def hosts_updated(self, update: HostsUpdate) -> None:
-        """Record that round `update.next_round` exists (keeps the newest announcement)."""
+        """Record that round `update.next_round` exists."""
         with self._lock:
-            if self._update is None or update.next_round >= self._update.next_round:
-                previous = self._update
-                self._update = HostsUpdate(
-                    update.next_round,
-                    update.added or bool(previous and previous.added),
-                    update.removed or bool(previous and previous.removed),
+            known = self._updates.get(update.next_round)
+            if known is not None:  # the same round announced twice: what either said
+                update = HostsUpdate(
+                    update.next_round, update.added or known.added, update.removed or known.removed
                 )
+            self._updates[update.next_round] = update
 
     def offer(self, offer: Offer) -> None:
         """Record the driver's offer of a slot (keeps the newest round's)."""
@@ -87,10 +87,21 @@ class MembershipEvents:
         return offer if offer is not None and offer.round > round_ else None
 
     def pending_update(self, round_: int) -> HostsUpdate | None:
-        """The announced update that moves a worker now in `round_` to a newer one, if any."""
+        """The announced update that moves a worker now in `round_` to a newer one, if any:
+        the newest announced round, bringing workers if any round announced since `round_`
+        does, losing some if any does. Rounds up to `round_` are forgotten: a worker never
+        goes back, and their flags are not this move's (a grow after a shrink is a grow)."""
         with self._lock:
-            update = self._update
-        return update if update is not None and update.next_round > round_ else None
+            for number in [n for n in self._updates if n <= round_]:
+                del self._updates[number]
+            pending = list(self._updates.values())
+        if not pending:
+            return None
+        return HostsUpdate(
+            max(u.next_round for u in pending),
+            any(u.added for u in pending),
+            any(u.removed for u in pending),
+        )
 
     def break_round(self, round_: int, reason: str, rejoin: bool = False) -> None:
         """Record that a member of `round_` died: collectives of `round_` and of every older
