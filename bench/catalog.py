@@ -164,6 +164,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "~3 min",
     ),
     Benchmark(
+        "step_count_cost",
+        "bench.step_count_cost",
+        "docs/benchmarks.md: Training step: hvd.DistributedOptimizer vs DistributedDataParallel",
+        "~20 s",
+    ),
+    Benchmark(
         "output_follower_cost",
         "bench.output_follower_cost",
         "none published: what following detached workers' output costs the event loop",
