@@ -110,7 +110,9 @@ def test_a_vanished_host_goes_silent(bed: Bed) -> None:
 
 def test_a_host_that_is_back_runs_sshd_and_nothing_of_its_past(bed: Bed) -> None:
     bed.start("h2", ["sleep", "60"])
-    before = bed.pids("h2")
+    deadline = time.monotonic() + 10  # `ip netns exec` enters the namespace after it starts
+    while len(before := bed.pids("h2")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(before) == 2  # sshd, sleep
     bed.vanish("h2")
     bed.back("h2")
