@@ -36,7 +36,9 @@ def steps_at(output: str, size: int) -> list[int]:
     return [int(s) for s in re.findall(rf"step (\d+) epoch \d+ size {size} ", output)]
 
 
-@pytest.mark.parametrize("model", ["DistributedOptimizer", "DDP"])
+@pytest.mark.parametrize(
+    "model", ["DistributedOptimizer", pytest.param("DDP", marks=pytest.mark.slow)]
+)
 def test_each_kill_costs_no_completed_step_with_commits_1000_steps_apart(
     elasticrun, tmp_path: Path, model: str
 ) -> None:
