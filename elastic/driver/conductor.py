@@ -256,6 +256,8 @@ class Conductor:
 
     def _on_tick(self, report: Tick) -> None:
         self.apply(forming.tick(self.view(), report.now))
+        if self._fleet.standbys is not None and self.phase.forms_rounds:
+            self._keep_standbys(report.now)
         if stall := self.stalls.look(self._rendezvous, self._workers, report.now):
             timeout = self._settings.stall_timeout
             self.apply(worker_events.stall_seen(self.view(), stall, timeout, report.now))
@@ -443,6 +445,17 @@ class Conductor:
         decision = forming.fill_slots(self.view(), self._watcher.usable())
         self.apply(decision)
         return sum(len(a.places) for a in decision.actions if isinstance(a, actions.Launch))
+
+    def _keep_standbys(self, now: float) -> None:
+        """Standbys on the usable hosts whose workers joined a round (they start after the
+        workers' own imports); none on a host gone from discovery, drained or noticed."""
+        assert self._fleet.standbys is not None
+        tracker = self._watcher.tracker
+        offered = {spec.hostname for spec in tracker.discovered_hosts}
+        allowed = offered - tracker.drained - set(tracker.leaving(now))
+        usable = {spec.hostname for spec in tracker.hosts}  # not cooling down either
+        joined = {w.hostname for w in self._workers.values() if w.joined and w.state.alive}
+        self._fleet.standbys.keep(joined & usable & allowed, allowed)
 
     def _form_wanted_round(self, reasons: list[str]) -> None:
         cause = self._wanted_causes[0] if self._wanted_causes else Cause.JOIN

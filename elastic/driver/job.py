@@ -68,7 +68,7 @@ from elastic.driver.server.services import Services
 from elastic.driver.server.status import describe_job
 from elastic.driver.settings import Settings
 from elastic.driver.workers import Worker, WorkerState
-from elastic.protocol.http import HostStatus, JobStatus
+from elastic.protocol.http import HostStatus, JobStatus, StandbyAnswer
 
 log = logging.getLogger("elasticrun")
 
@@ -214,6 +214,7 @@ class Job:
             keys_lost=lambda number: self._reports.put_nowait(KeysLost(number)),
             metrics=self._scrape, set_drained=self.set_drained,
             stop_job=lambda: self._reports.put_nowait(StopAsked()),
+            standby_wait=self._standby_wait,
         )  # fmt: skip
         inputs = WorkerInputs(
             self._workers, self._channels, self._reports, lambda: self._rendezvous.round,
@@ -225,6 +226,12 @@ class Job:
         self._environments = WorkerEnvironments(
             self.settings, endpoints, job_id=self.job_id, token=self._token
         )
+        if self.elastic is not None and self.elastic.standby:
+            environments = self._environments
+            self._fleet.keep_standbys(
+                self.elastic.standby, list(self.settings.command), self.elastic.preload,
+                lambda worker_id, hostname: environments.of(worker_id, hostname, None),
+            )  # fmt: skip
         tls_cert = endpoints.address(self._driver_id).tls_cert
         job_file = write_job_file(
             self.job_id, self._token, endpoints.url, tls_cert,
@@ -403,6 +410,12 @@ class Job:
     def _first_step(self, number: int, at: float) -> None:
         self._conductor.timeline.first_step(number, at)
 
+    async def _standby_wait(self, standby_id: str, pid: int, timeout: float) -> StandbyAnswer:
+        """A standby's long poll (`StandbyPool.wait`); `exit` when this job keeps none."""
+        if self._fleet.standbys is None:
+            return StandbyAnswer(status="exit")
+        return await self._fleet.standbys.wait(standby_id, pid, timeout)
+
     def _environment(self, worker: Worker) -> dict[str, str]:
         assert self._environments is not None
         return self._environments.of(
@@ -472,7 +485,7 @@ class Job:
             ]  # fmt: skip
         else:
             hosts = [HostStatus(hostname=h.hostname, slots=h.slots) for h in self.settings.hosts]
-        return describe_job(
+        status = describe_job(
             self.job_id,
             self._rendezvous,
             self._workers.values(),
@@ -486,3 +499,6 @@ class Job:
             log_tail=list(self._log_tail.lines),
             ended=self._conductor.history.counts(),
         )
+        if (standbys := self._fleet.standbys) is not None:
+            status.standbys, status.standbys_taken = standbys.describe(), standbys.taken
+        return status

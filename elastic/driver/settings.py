@@ -39,6 +39,11 @@ def _count(value: int | None, flag: str, most: int) -> None:
         raise SettingsError(f"{flag} must be at most {most}, got {value}")
 
 
+DEFAULT_STANDBY = 1
+MAX_STANDBY = 64
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 class FailureScope(enum.StrEnum):
     """What a failed worker takes out of an elastic job with it (--failure-scope)."""
 
@@ -68,10 +73,13 @@ class ElasticSettings:
     cooldown_range: tuple[float, float] = (5.0, 300.0)
     failure_scope: FailureScope = FailureScope.HOST
     rollback: Rollback = Rollback.STEP
+    standby: int = DEFAULT_STANDBY  # warm standbys per host (--standby; 0: none)
+    preload: tuple[str, ...] = ()  # modules the standbys import (--preload)
 
     def __post_init__(self) -> None:
         """Raise `SettingsError` for a count out of range, a duration that is not a finite
-        number of seconds, a bad cooldown range, or a --max-np below --min-np."""
+        number of seconds, a bad cooldown range, a --max-np below --min-np, or a --preload
+        entry that is not a module name."""
         _count(self.min_np, "--min-np", MAX_NP)
         _count(self.max_np, "--max-np", MAX_NP)
         _count(self.slots_per_host, "--slots-per-host", MAX_SLOTS_PER_HOST)
@@ -85,6 +93,11 @@ class ElasticSettings:
             raise SettingsError(f"--max-np {self.max_np} is less than --min-np {self.min_np}")
         if self.reset_limit is not None and self.reset_limit < 0:
             raise SettingsError(f"--reset-limit must be 0 or more, got {self.reset_limit}")
+        if not 0 <= self.standby <= MAX_STANDBY:
+            raise SettingsError(f"--standby must be 0 to {MAX_STANDBY}, got {self.standby}")
+        for name in self.preload:
+            if not _MODULE.fullmatch(name):
+                raise SettingsError(f"--preload: {name!r} is not a module name (a.b.c)")
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,11 @@ DRIVER_WAIT = "ELASTIC_DRIVER_WAIT"
 PREEMPTION_CHECK = "ELASTIC_PREEMPTION_CHECK"  # --preemption-check: a command line
 PREEMPTION_CHECK_INTERVAL = "ELASTIC_PREEMPTION_CHECK_INTERVAL"
 TOKEN = "ELASTIC_TOKEN"  # the job's secret
+# A warm standby's (`elastic.worker.standby`): its id at the driver, the job's command (JSON)
+# and the modules it imports before it waits (--preload, comma-separated).
+STANDBY_ID = "ELASTIC_STANDBY_ID"
+STANDBY_COMMAND = "ELASTIC_STANDBY_COMMAND"
+STANDBY_PRELOAD = "ELASTIC_STANDBY_PRELOAD"
 # Durable commits (--checkpoint-dir and its companions; see `CheckpointSettings`).
 CHECKPOINT_DIR = "ELASTIC_CHECKPOINT_DIR"
 CHECKPOINT_EVERY = "ELASTIC_CHECKPOINT_EVERY"

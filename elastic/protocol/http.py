@@ -76,6 +76,27 @@ class JoinResponse(Strict):
     job_commit: int = 0
 
 
+# --- warm standbys -----------------------------------------------------------------------
+
+
+class StandbyWaitRequest(Strict):
+    """A warm standby waits up to `timeout` seconds for a worker's slot to run in."""
+
+    standby_id: str = Field(min_length=1, max_length=WORKER_ID_MAX_LENGTH)
+    pid: int = Field(default=0, ge=0, le=MAX_PID)
+    timeout: float = Field(default=30.0, ge=0.0, le=MAX_WAIT_SECONDS)
+
+
+class StandbyAnswer(Strict):
+    """`run`: become the worker whose whole environment is `env` and run the job's command
+    (the standby was started for it); `pending`: nothing yet (ask again); `exit`: this driver
+    does not want the standby (the job ends, its host went, or a restarted driver never
+    started it): exit 0."""
+
+    status: Literal["run", "pending", "exit"]
+    env: dict[str, str] | None = None
+
+
 # --- key-value store (the torch.distributed.Store operations) -----------------------------
 
 
@@ -259,6 +280,15 @@ class StallReport(Strict):
     line: str = Field(description="the line the driver logged")
 
 
+class StandbyStatus(Strict):
+    """A warm standby waiting on a host (see docs/launcher.md#warm-standbys)."""
+
+    standby_id: str
+    hostname: str
+    pid: int | None = Field(description="its process (the keeper's with --backend etcd)")
+    ready: bool = Field(description="its imports are done: a refilled slot may take it")
+
+
 class DriverUrls(Strict):
     api: str
     metrics: str
@@ -289,6 +319,8 @@ class JobStatus(Strict):
     stall: StallReport | None = None  # the current stall, if any
     log_tail: list[str] = []  # the launcher's newest log lines, at most 200
     urls: DriverUrls | None = None
+    standbys: list[StandbyStatus] = []  # waiting now (--standby)
+    standbys_taken: int = Field(default=0, description="standbys that became workers")
 
     @model_validator(mode="after")
     def _one_round_number(self) -> JobStatus:

@@ -10,7 +10,12 @@ import argparse
 
 from elastic.driver.cli.backend_flags import FlagParser, add_backend_flags
 from elastic.driver.logs import LOG_FORMATS
-from elastic.driver.settings import DEFAULT_WORKER_HISTORY, FailureScope, Rollback
+from elastic.driver.settings import (
+    DEFAULT_STANDBY,
+    DEFAULT_WORKER_HISTORY,
+    FailureScope,
+    Rollback,
+)
 
 EXAMPLES = """\
 examples:
@@ -223,6 +228,22 @@ def _add_elastic_flags(parser: argparse.ArgumentParser) -> None:
         "step every survivor completed (or one of them, whose state the others take), so a "
         "failure costs only the step in flight; 'commit', their last commit, as Horovod "
         "does (default step; see docs/worker-api.md#no-rollback)",
+    )
+    elastic.add_argument(
+        "--standby",
+        type=int,
+        metavar="N",
+        help=f"warm standby processes per host that runs workers: each has imported torch and "
+        f"the worker runtime and waits; a slot refilled on its host (a crashed worker's, a "
+        f"joiner's) runs the script in it, so it trains within about a second; 0 turns them "
+        f"off; only for a command that starts with python (default {DEFAULT_STANDBY}; "
+        f"see docs/launcher.md#warm-standbys)",
+    )
+    elastic.add_argument(
+        "--preload",
+        metavar="MODULES",
+        help="modules the standbys import too, comma-separated (torchvision,transformers): "
+        "what the script imports that takes long (default: none)",
     )
     elastic.add_argument(
         "--discovery-interval",

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import re
+import shlex
 import signal
 import sys
 import tempfile
@@ -34,8 +35,16 @@ from elastic.driver.job import Job
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.logs import HeldLines, launcher_formatter, tags
 from elastic.driver.server.tls import TlsIdentity
-from elastic.driver.settings import MAX_NP, ElasticSettings, FailureScope, Rollback, Settings
+from elastic.driver.settings import (
+    DEFAULT_STANDBY,
+    MAX_NP,
+    ElasticSettings,
+    FailureScope,
+    Rollback,
+    Settings,
+)
 from elastic.protocol.env import CheckpointSettings
+from elastic.protocol.python_command import standby_command
 
 log = logging.getLogger("elasticrun")
 
@@ -110,7 +119,7 @@ def parse_settings(argv: list[str], environ: Mapping[str, str] | None = None) ->
 def _settings(args: argparse.Namespace) -> Settings:
     """`parse_settings` once the flags are read."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    elastic = _elastic_settings(args)
+    elastic = _elastic_settings(args, command)
     if elastic is not None and elastic.discovery_script and (args.hosts or args.hostfile):
         raise UsageError("--host-discovery-script cannot be combined with -H or --hostfile")
     hosts: list[HostSpec]
@@ -185,12 +194,13 @@ def prepare_output_dir(path: str) -> None:
         ) from None
 
 
-def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
+def _elastic_settings(args: argparse.Namespace, command: list[str]) -> ElasticSettings | None:
     """The elastic flags as `ElasticSettings`, or None outside elastic mode. Their values are
     checked either way: a bad --elastic-timeout is a mistake even where it does not apply."""
     elastic = args.host_discovery_script is not None or args.min_np is not None
     if not elastic:
-        for flag in ("max_np", "slots_per_host", "reset_limit", "failure_scope"):
+        for flag in ("max_np", "slots_per_host", "reset_limit", "failure_scope", "standby",
+                     "preload"):  # fmt: skip
             if getattr(args, flag) is not None:
                 name = "--" + flag.replace("_", "-")
                 raise UsageError(f"{name} needs elastic mode (--min-np or --host-discovery-script)")
@@ -208,8 +218,28 @@ def _elastic_settings(args: argparse.Namespace) -> ElasticSettings | None:
         cooldown_range=(low, high),
         failure_scope=FailureScope(args.failure_scope or FailureScope.HOST),
         rollback=Rollback(args.rollback),
+        standby=_standby(args.standby, command) if elastic else 0,
+        preload=tuple(name.strip() for name in (args.preload or "").split(",") if name.strip()),
     )
+    if settings.preload and not settings.standby:
+        raise UsageError("--preload needs standbys (--standby 1 or more)")
     return settings if elastic else None
+
+
+def _standby(given: int | None, command: list[str]) -> int:
+    """--standby's count: as given, else the default for a command a standby can run and 0
+    for another (a line says so). A count asked for a command no standby can run is an
+    error, in one line."""
+    if standby_command(command) is not None:
+        return given if given is not None else DEFAULT_STANDBY
+    if given:
+        raise UsageError(
+            f"--standby {given}: standbys run only a command that starts with python "
+            f"(python script.py, python -m module, no -i or -x), not {shlex.join(command)!r}"
+        )
+    if given is None and command:
+        log.info("warm standbys are off: the command does not start with python")
+    return 0
 
 
 async def _run(settings: Settings, console: logging.Handler) -> int:

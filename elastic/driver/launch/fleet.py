@@ -19,12 +19,14 @@ from elastic.driver.launch.detached import (
 )
 from elastic.driver.launch.follower import OutputFollower
 from elastic.driver.launch.host_access import HostAccess
-from elastic.driver.launch.launcher import Adoption, HostFolder, Located, WorkerSpec
+from elastic.driver.launch.launcher import Adoption, HostFolder, Located, WorkerProcess, WorkerSpec
 from elastic.driver.launch.output import OutputSink, pump
+from elastic.driver.launch.standbys import Standby, StandbyPool
 from elastic.driver.logs import WorkerLines
 from elastic.driver.reports import Reports, WorkerExited
 from elastic.driver.workers import Worker, stop_workers
 from elastic.protocol.http import SlotInfo
+from elastic.protocol.python_command import standby_command
 
 log = logging.getLogger("elasticrun")
 
@@ -74,44 +76,103 @@ class Fleet:
         self._follower = OutputFollower()  # detached workers' output files, all of them
         self._pumps: set[asyncio.Future[None]] = set()  # output being copied, until it ends
         self._tasks: set[asyncio.Task[None]] = set()
+        self.standbys: StandbyPool | None = None  # see `keep_standbys`
+        self._taking: dict[str, Standby] = {}  # worker id -> the standby it starts in
+
+    def keep_standbys(
+        self,
+        per_host: int,
+        command: list[str],
+        preload: tuple[str, ...],
+        environment: Callable[[str, str], dict[str, str]],
+    ) -> None:
+        """Keep `per_host` warm standbys for `command` on the hosts the job wants them on
+        (`StandbyPool.keep`), each with the job's worker variables (`environment(id, host)`)
+        and `preload` imported; workers started with `new_worker(..., standby=True)` take
+        them. Stopped with the fleet."""
+        python = standby_command(command)
+        assert python is not None, "checked by the settings"
+        self.standbys = StandbyPool(
+            per_host, command, preload,
+            launch=lambda host, serial, located, env: self.launch(
+                host, serial, located, env, python
+            ),
+            environment=environment, next_serial=self.next_serial,
+            stop_grace=self._stop_grace,
+        )  # fmt: skip
 
     def alive(self) -> list[Worker]:
         """The workers started and not ended (launching, members, leaving)."""
         return [w for w in self.workers.values() if w.state.alive and w.process is not None]
 
-    def new_worker(self, hostname: str, host_slot: int) -> Worker:
-        """A record for a worker about to start on `hostname`'s slot `host_slot`."""
-        self.serial += 1
-        worker_id = f"{hostname}[{host_slot}]#{self.serial}"
+    def new_worker(self, hostname: str, host_slot: int, standby: bool = False) -> Worker:
+        """A record for a worker about to start on `hostname`'s slot `host_slot`; with
+        `standby`, one that `start` hands to a ready standby on that host when there is one
+        (it takes the standby's number, which names its folder)."""
+        taken = self.standbys.take(hostname) if standby and self.standbys else None
+        if taken is None:
+            self.serial += 1
+        serial = taken.serial if taken is not None else self.serial
+        worker_id = f"{hostname}[{host_slot}]#{serial}"
         worker = Worker(worker_id, hostname, host_slot, process=None)
         worker.launched_at = self._clock()
         self.workers[worker_id] = worker
+        if taken is not None:
+            self._taking[worker_id] = taken
         return worker
 
+    def next_serial(self) -> int:
+        """A new number in the job's worker numbering (a standby's, until a worker takes it)."""
+        self.serial += 1
+        return self.serial
+
     async def start(self, worker: Worker, command: list[str], env: dict[str, str]) -> None:
-        """Start `worker`'s process and watch it; raises `LaunchError` if it cannot start
-        (a planted log folder, an unreachable host, a command that cannot run)."""
-        host_folder, located = None, None
-        if self._hosts.detached(worker.hostname):
-            if self._hosts.is_local(worker.hostname):
-                # private (0700, this user's): a planted folder or link raises LaunchError
-                worker.log_dir = prepare_log_dir(self.log_root, worker.serial)
+        """Start `worker`'s process (or hand it the standby `new_worker` took for it) and
+        watch it; raises `LaunchError` if it cannot start (a planted log folder, an
+        unreachable host, a command that cannot run)."""
+        standby = self._taking.pop(worker.worker_id, None)
+        if standby is not None:  # before any await: the standby cannot end unseen meanwhile
+            worker.process = StandbyPool.hand_over(standby, env, self._located(worker))
+            worker.launcher_pid, worker.log_dir = standby.launcher_pid, standby.log_dir
+            log.debug("worker %s runs in standby %s", worker.worker_id, standby.standby_id)
+        else:
+            located = self._located(worker)
+            worker.process = await self.launch(
+                worker.hostname, int(worker.serial), located, env, command, worker.host_slot
+            )
+            worker.log_dir = worker.process.log_dir or worker.log_dir
+            # 0 for a remote detached one until its agent says (`located` records it then)
+            worker.launcher_pid = worker.process.pid or worker.launcher_pid
+        self._watch(worker)
+
+    async def launch(
+        self,
+        hostname: str,
+        serial: int,
+        located: Located,
+        env: dict[str, str],
+        command: list[str],
+        host_slot: int | None = None,
+    ) -> WorkerProcess:
+        """Start process `serial` (a worker or a standby) on `hostname`: detached, in its
+        own folder (private, 0700, this user's: a planted folder or link raises
+        `LaunchError`), where the job's workers outlive the driver."""
+        log_dir, host_folder = None, None
+        if self._hosts.detached(hostname):
+            if self._hosts.is_local(hostname):
+                log_dir = prepare_log_dir(self.log_root, serial)
             else:  # its agent prepares the folder over there, and says where it is
-                host_folder = HostFolder(self._job_id, int(worker.serial), worker.host_slot)
-                located = self._located(worker)
+                host_folder = HostFolder(self._job_id, serial, host_slot)
         spec = WorkerSpec(
-            hostname=worker.hostname,
+            hostname=hostname,
             command=command,
             env=env,
             cwd=os.getcwd(),
-            log_dir=worker.log_dir,
+            log_dir=log_dir,
             host_folder=host_folder,
-            located=located,
+            located=located if host_folder is not None else None,
         )
-        worker.process = await self._hosts.launcher(worker.hostname).launch(spec)
-        # 0 for a remote detached one until its agent says (`located` records it then)
-        worker.launcher_pid = worker.process.pid or worker.launcher_pid
-        self._watch(worker)
+        return await self._hosts.launcher(hostname).launch(spec)
 
     def adopt(self, workers: list[Worker]) -> None:
         """Watch `workers`, which earlier drivers launched, as if this one had; then stop the
@@ -184,6 +245,8 @@ class Fleet:
         their output and stop watching."""
         for task in self._tasks:
             task.cancel()
+        if self.standbys is not None:
+            await self.standbys.close()
         if abandon:
             for source in list(self._pumps):
                 source.cancel()

@@ -85,7 +85,7 @@ class Staffing:
                 continue
             if not wanted():
                 break
-            worker = self._fleet.new_worker(hostname, slot)
+            worker = self._fleet.new_worker(hostname, slot, standby=True)
             await self.start(worker)
             started.append(worker)
         if started:

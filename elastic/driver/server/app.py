@@ -25,6 +25,7 @@ from elastic.driver.server import (
     page,
     page_api,
     rendezvous,
+    standbys,
     status,
     stop,
 )
@@ -81,7 +82,8 @@ def create_app(
     app.state.sessions = sessions or PageSessions()
     app.state.page_status = page_api.SharedStatus()
     app.state.refused_peers = set()
-    for module in (rendezvous, kv, status, host_drain, stop, login_codes):  # the API: the token
+    # The API: the token.
+    for module in (rendezvous, kv, status, host_drain, stop, login_codes, standbys):
         app.include_router(module.router, dependencies=[Depends(require_token)])
     app.include_router(page.router)  # its own login: see page.py
     app.include_router(page_api.router)  # a page session or the token: see page_api.py

@@ -80,6 +80,9 @@ def test_bad_settings_are_refused_with_the_flags_message(
         ({"discovery_timeout": 1e400}, "--discovery-timeout must be positive"),
         ({"cooldown_range": (-1.0, 5.0)}, "--blacklist-cooldown-range must be 0 or more"),
         ({"cooldown_range": (10.0, 5.0)}, "--blacklist-cooldown-range: MAX (5) must not be less"),
+        ({"standby": -1}, "--standby must be 0 to 64, got -1"),
+        ({"standby": 65}, "--standby must be 0 to 64, got 65"),
+        ({"preload": ("torch", "a-b")}, "--preload: 'a-b' is not a module name"),
     ],
 )
 def test_bad_elastic_settings_are_refused(changes: dict[str, Any], message: str) -> None:
@@ -133,6 +136,13 @@ def test_a_restarted_driver_checks_the_settings_it_reads_back() -> None:
             "--preemption-check-interval must be positive",
         ),
         (["-np", "1", "--checkpoint-keep", "0", "x"], "--checkpoint-every (1) and"),
+        (["-np", "1", "--standby", "1", "python", "t.py"], "--standby needs elastic mode"),
+        (["--min-np", "1", "--standby", "1", "bash", "t.sh"], "--standby 1: standbys run only"),
+        (
+            ["--min-np", "1", "--standby", "0", "--preload", "m", "python", "t.py"],
+            "--preload needs standbys",
+        ),
+        (["--min-np", "1", "--preload", "1m", "python", "t.py"], "--preload: '1m' is not"),
         (["-np", "1", "--checkpoint-interval", "-1", "x"], "--checkpoint-interval must be 0"),
         (
             ["--backend", "etcd", "--etcd-endpoints", "h:1", "--etcd-prefix", "p", "-np", "1", "x"],
@@ -166,3 +176,29 @@ def test_a_checkpoint_directory_reaches_the_workers_absolute(tmp_path, monkeypat
     url = parse_settings(["-np", "1", "--checkpoint-dir", "s3://b/run", "x"]).checkpoint
     assert url.directory == "s3://b/run"
     assert parse_settings(["-np", "1", "x"]).checkpoint.to_env() == {}
+
+
+@pytest.mark.parametrize(
+    ("args", "standby", "preload"),
+    [
+        (["--min-np", "1", "python", "t.py"], 1, ()),  # on by default for a Python command
+        (["--min-np", "1", "python3", "-u", "-m", "pkg.train"], 1, ()),
+        (["--min-np", "1", "bash", "t.sh"], 0, ()),  # off by default for another one
+        (["--min-np", "1", "python", "-i", "t.py"], 0, ()),  # -i: no standby can honour it
+        (["--min-np", "1", "--standby", "0", "python", "t.py"], 0, ()),
+        (
+            ["--min-np", "1", "--standby", "3", "--preload", "a.b, c", "python", "t.py"],
+            3,
+            ("a.b", "c"),
+        ),
+        (["-np", "1", "python", "t.py"], None, None),  # not elastic: nothing to refill
+    ],
+)
+def test_standbys_are_on_where_a_standby_can_run_the_command(
+    args: list[str], standby: int | None, preload: tuple[str, ...] | None
+) -> None:
+    elastic = parse_settings(args).elastic
+    if standby is None:
+        assert elastic is None
+    else:
+        assert elastic is not None and (elastic.standby, elastic.preload) == (standby, preload)

@@ -1,0 +1,215 @@
+"""A warm standby: a process that has imported torch, the worker runtime and the modules the
+user named (`--preload`), and waits until the driver gives it a worker's slot. It then runs
+the job's command from the top in this process, as `python` would have, so a refilled slot
+pays only for the script's own work.
+
+Run by the driver as `<python> <options> -m elastic.worker.standby`, with the job's worker
+environment plus `ELASTIC_STANDBY_ID`, `ELASTIC_STANDBY_COMMAND` (the job's command, JSON)
+and `ELASTIC_STANDBY_PRELOAD`.
+
+Guarantees:
+* the imports run in a thread at the lowest CPU priority (nice 19, and the process's
+  autogroup too where the kernel has one, set back to 0 once they are done): a standby that
+  starts beside training slows it as little as the scheduler allows; waiting costs no CPU;
+* no CUDA context is made before the standby is used (a preloaded module that makes one is
+  reported at once);
+* once taken, the process has exactly the worker's environment and `sys.argv`, runs the
+  target as `__main__`, and exits as Python would (the script's exit code, a traceback and
+  1 for an uncaught exception). Where the process could not look the same as a fresh one
+  (an interpreter variable such as `PYTHONPATH` differs), it `exec`s the command instead:
+  the same pid, a cold start;
+* it exits 0 when the driver does not want it (the job ended, a restarted driver never
+  started it) and 1 when the driver stays unreachable past the worker's retry budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import runpy
+import sys
+import threading
+import types
+
+from elastic.protocol.env import STANDBY_COMMAND, STANDBY_ID, STANDBY_PRELOAD
+from elastic.protocol.http import StandbyAnswer, StandbyWaitRequest
+from elastic.protocol.python_command import PythonCommand, read_python_command
+
+POLL_SECONDS = 30.0  # how long one wait at the driver lasts
+LOWEST_PRIORITY = 19
+_AUTOGROUP = "/proc/self/autogroup"
+
+
+def main() -> int:
+    """The standby's life: warm up, wait for a slot, run the job's command in it.
+
+    Returns:
+        The exit code when it leaves without running the command (0: not wanted; 1: the
+        driver is gone, or its environment is not a standby's); running the command does
+        not return here unless the command returns.
+    """
+    standby_id = os.environ.get(STANDBY_ID, "")
+    command = _command()
+    if not standby_id or command is None:
+        print(
+            "elastic.worker.standby: not started by elasticrun as a standby "
+            f"({STANDBY_ID} or {STANDBY_COMMAND} missing or unusable)",
+            file=sys.stderr,
+        )
+        return 1
+    python = read_python_command(command)
+    if python is None:
+        print(f"elastic.worker.standby: {command!r} is not a Python command", file=sys.stderr)
+        return 1
+    preload = [name for name in os.environ.get(STANDBY_PRELOAD, "").split(",") if name]
+    _warm_up(_startup_path(python), preload)
+    env = _wait_for_slot(standby_id)
+    if env is None:
+        return 0
+    _become(python, command, env)
+    return 0
+
+
+def _command() -> list[str] | None:
+    """The job's command as the driver gave it, or None when it is not a list of strings."""
+    try:
+        command = json.loads(os.environ.get(STANDBY_COMMAND, ""))
+    except ValueError:
+        return None
+    if not isinstance(command, list) or not all(isinstance(word, str) for word in command):
+        return None
+    return command
+
+
+def _startup_path(python: PythonCommand) -> str | None:
+    """What Python would put first on `sys.path` for the target: the script's folder (the
+    current folder for `-m`/`-c`, which `-m` gave this process already); None with `-P`/`-I`."""
+    if sys.flags.safe_path or python.kind != "script":
+        return None
+    return os.path.dirname(os.path.abspath(python.target))
+
+
+def _warm_up(first_path: str | None, preload: list[str]) -> None:
+    """Import torch, the worker runtime, the first optimizer's lazy imports and `preload` at
+    the lowest priority, in a thread; an import of `preload` that fails is reported and
+    ends the standby (exit 1): every worker of the job would fail the same way."""
+    if first_path is not None:
+        sys.path[0] = first_path
+    failure: list[BaseException] = []
+
+    def imports() -> None:
+        _lower_own_priority()
+        try:
+            import torch
+
+            import elastic.torch  # noqa: F401  (the runtime, the state, the collectives)
+
+            torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # torch._dynamo
+            for name in preload:
+                importlib.import_module(name)
+        except BaseException as error:  # noqa: BLE001 (reported by the main thread)
+            failure.append(error)
+
+    _set_autogroup_nice(LOWEST_PRIORITY)
+    thread = threading.Thread(target=imports, name="standby-imports", daemon=True)
+    thread.start()
+    thread.join()
+    _set_autogroup_nice(0)
+    if failure:
+        print(
+            f"elastic.worker.standby: preloading failed: {type(failure[0]).__name__}: {failure[0]}",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
+    import torch
+
+    if torch.cuda.is_initialized():
+        print(
+            "elastic.worker.standby: a preloaded module made a CUDA context before the "
+            "standby was used: it holds GPU memory while it waits",
+            file=sys.stderr,
+        )
+
+
+def _lower_own_priority() -> None:
+    """Nice 19 for the calling thread only (Linux: a thread's nice is its own)."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWEST_PRIORITY)
+
+
+def _set_autogroup_nice(nice: int) -> None:
+    """Where the kernel groups a session's threads (autogroup), a thread's nice only weighs
+    inside its group: set the group's (any user may raise it, and set it back to 0)."""
+    with contextlib.suppress(OSError), open(_AUTOGROUP, "w") as group:
+        group.write(str(nice))
+
+
+def _wait_for_slot(standby_id: str) -> dict[str, str] | None:
+    """Wait at the driver until it hands over a slot.
+
+    Returns:
+        The worker's whole environment, or None when the driver does not want this standby.
+
+    Raises:
+        SystemExit(1): the driver stayed unreachable past the retry budget (it is gone).
+    """
+    from elastic.worker.config import WorkerConfig
+    from elastic.worker.driver_link.http_client import DriverClient, DriverError
+    from elastic.worker.driver_link.locator import DriverLocator
+
+    config = WorkerConfig.from_env()
+    locator = DriverLocator(
+        config.driver_url,
+        config.control_address,
+        config.etcd,
+        config.job_id,
+        token=config.token,
+        tls_cert=config.tls_cert,
+    )
+    client = DriverClient(
+        config.driver_url,
+        config.token,
+        retry_for=config.driver_retry_for,
+        tls_cert=config.tls_cert,
+        locator=locator,
+    )
+    request = StandbyWaitRequest(standby_id=standby_id, pid=os.getpid(), timeout=POLL_SECONDS)
+    try:
+        while True:
+            try:
+                answer = client.post("/v1/standby/wait", request, StandbyAnswer, wait=POLL_SECONDS)
+            except DriverError as error:
+                print(f"elastic.worker.standby: leaving: {error}", file=sys.stderr)
+                raise SystemExit(1) from None
+            if answer.status == "exit":
+                return None
+            if answer.status == "run" and answer.env is not None:
+                return answer.env
+    finally:
+        client.close()
+
+
+def _become(python: PythonCommand, command: list[str], env: dict[str, str]) -> None:
+    """Take the worker's environment and run `command` here; `exec` it where this process
+    could not look the same as a fresh one (see the module)."""
+    startup = {k for k in set(env) | set(os.environ) if k.startswith("PYTHON")}
+    if any(env.get(k) != os.environ.get(k) for k in startup):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execvpe(command[0], command, env)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = python.argv()
+    if python.kind == "script":
+        runpy.run_path(python.target, run_name="__main__")
+    elif python.kind == "module":
+        runpy.run_module(python.target, run_name="__main__", alter_sys=True)
+    else:
+        main_module = sys.modules["__main__"] = types.ModuleType("__main__")
+        exec(compile(python.target, "<string>", "exec"), main_module.__dict__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
