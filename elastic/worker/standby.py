@@ -202,6 +202,20 @@ def _become(python: PythonCommand, command: list[str], env: dict[str, str]) -> N
     os.environ.clear()
     os.environ.update(env)
     sys.argv = python.argv()
+    try:
+        _run(python)
+    except Exception as error:  # SystemExit and KeyboardInterrupt go on as in python
+        frames = _script_frames(error.__traceback__)
+        # As python's own report does: kept where exit hooks look (the runtime tells the
+        # driver that the script failed, not that it finished).
+        sys.last_type, sys.last_value, sys.last_traceback = type(error), error, frames
+        sys.last_exc = error  # type: ignore[attr-defined]  (Python 3.12's name)
+        sys.excepthook(type(error), error.with_traceback(frames), frames)
+        raise SystemExit(1) from None
+
+
+def _run(python: PythonCommand) -> None:
+    """Run the target as `__main__`, as `python` would."""
     if python.kind == "script":
         runpy.run_path(python.target, run_name="__main__")
     elif python.kind == "module":
@@ -210,6 +224,15 @@ def _become(python: PythonCommand, command: list[str], env: dict[str, str]) -> N
         main_module = sys.modules["__main__"] = types.ModuleType("__main__")
         exec(compile(python.target, "<string>", "exec"), main_module.__dict__)
 
+
+def _script_frames(frames: types.TracebackType | None) -> types.TracebackType | None:
+    """A traceback without its first frames in this module and runpy: what `python` shows."""
+    while frames is not None and (
+        frames.tb_frame.f_code.co_filename == __file__
+        or "runpy" in frames.tb_frame.f_code.co_filename
+    ):
+        frames = frames.tb_next
+    return frames
 
 if __name__ == "__main__":
     sys.exit(main())

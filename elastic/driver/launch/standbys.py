@@ -63,7 +63,9 @@ class TakenStandby(WorkerProcess):
         process = standby.process
         assert process is not None
         self._standby, self._process = standby, process
-        self.stdout, self.stderr = process.stdout, process.stderr
+        for stream in ("stdout", "stderr"):  # a detached local one has files instead
+            if (reader := getattr(process, stream, None)) is not None:
+                setattr(self, stream, reader)
         self.log_dir, self.detached = process.log_dir, process.detached
 
     @property

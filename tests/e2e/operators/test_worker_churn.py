@@ -14,14 +14,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
-from elastic.driver.job_file import find_job
-from elastic.errors import ElasticError
 from elastic.protocol.http import JobStatus
 from tests.e2e.elastic.test_elastic import job_args
 from tests.e2e.etcd.test_driver_restart import durable_args, kill_driver
+from tests.support import job_status
 from tests.support.etcd_server import EtcdServer
 from tests.support.running_job import ELASTICRUN, RunningJob
 
@@ -43,27 +41,11 @@ def command(args: list[str], env: dict[str, str]) -> str:
 
 
 def asked(env: dict[str, str]) -> JobStatus:
-    """`/v1/status` of the running job, asked with its token as `elasticrun status` does."""
-    job = find_job(JOB_ID, Path(env["XDG_RUNTIME_DIR"]) / "elasticrun")
-    answer = httpx.get(
-        f"{job.urls.api}/v1/status", headers={"Authorization": f"Bearer {job.token}"}, timeout=10
-    )
-    assert answer.status_code == 200, answer.text
-    return JobStatus.model_validate_json(answer.content)
+    return job_status.asked(JOB_ID, env)
 
 
 def until(env: dict[str, str], holds: Callable[[JobStatus], bool], what: str) -> JobStatus:
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            status = asked(env)
-        except (httpx.HTTPError, AssertionError, OSError, ElasticError):
-            status = None  # a driver starting, or one between its job file and its port
-        if status is not None and holds(status):
-            return status
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited in vain for {what}; the last status: {status}")
-        time.sleep(0.2)
+    return job_status.until(JOB_ID, env, holds, what)
 
 
 def settled(status: JobStatus) -> bool:
