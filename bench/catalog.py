@@ -55,6 +55,13 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "~3 min",
     ),
     Benchmark(
+        "slot_refill",
+        "bench.slot_refill",
+        "docs/benchmarks.md: Warm standbys: a crashed worker's slot refilled",
+        "~6 min (--trials 5); --bed ~10 min (--trials 3, root)",
+        ("--trials", "5"),
+    ),
+    Benchmark(
         "recovery",
         "bench.recovery",
         "docs/benchmarks.md: Elastic recovery and scale-up: elasticrun vs torchrun",

@@ -77,6 +77,17 @@ def ended_line(status: JobStatus) -> str | None:
     return f"ended workers: {status.ended_total} ({', '.join(named)}){shown}"
 
 
+def standbys_line(status: JobStatus) -> str | None:
+    """ "standbys: localhost (ready), h2 (starting); 3 taken so far", or None when the job
+    has none and took none."""
+    if not status.standbys and not status.standbys_taken:
+        return None
+    waiting = ", ".join(
+        f"{s.hostname} ({'ready' if s.ready else 'starting'})" for s in status.standbys
+    )
+    return f"standbys: {waiting or 'none now'}; {status.standbys_taken} taken so far"
+
+
 def render(status: JobStatus, now: float | None = None) -> str:
     """The job's round and size, hosts, workers, stall, newest rounds and decisions, URLs."""
     now = time.time() if now is None else now
@@ -91,6 +102,8 @@ def render(status: JobStatus, now: float | None = None) -> str:
         lines += _table([header, *(_worker(w) for w in order)])
     if (ended := ended_line(status)) is not None:
         lines.append(ended)
+    if (standbys := standbys_line(status)) is not None:
+        lines.append(standbys)
     if status.stall is not None:
         lines.append(f"STALL: {status.stall.line}")
     if status.durable is not None:

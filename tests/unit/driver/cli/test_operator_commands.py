@@ -32,6 +32,7 @@ from elastic.protocol.http import (
     RoundRecord,
     StalledRank,
     StallReport,
+    StandbyStatus,
     WorkerStatus,
 )
 from tests.support.paths import REPOSITORY as ROOT
@@ -161,6 +162,18 @@ def test_the_status_text_counts_every_ended_worker_and_says_how_many_it_lists() 
     text = render(status, now=100.0)
     assert re.search(r"- +a +failed \(signal SIGKILL\)", text)
     assert "ended workers: 9 (7 signal SIGKILL, 1 hung, 1 stopped); the newest 2 listed" in text
+
+
+def test_the_status_text_names_the_standbys_and_counts_those_taken() -> None:
+    status = JobStatus(
+        job_id="j", round=3, size=1, hosts=[HostStatus(hostname="a", slots=1)], workers=[],
+        standbys=[StandbyStatus(standby_id="a#standby.4", hostname="a", pid=9, ready=True),
+                  StandbyStatus(standby_id="b#standby.5", hostname="b", pid=None, ready=False)],
+        standbys_taken=2,
+    )  # fmt: skip
+    assert "standbys: a (ready), b (starting); 2 taken so far" in render(status, now=0.0)
+    without = render(JobStatus(job_id="j", size=1, hosts=[], workers=[]), now=0.0)
+    assert "standbys" not in without, "a job without standbys says nothing of them"
 
 
 # --- real jobs ------------------------------------------------------------------------------
