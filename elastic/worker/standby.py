@@ -234,5 +234,6 @@ def _script_frames(frames: types.TracebackType | None) -> types.TracebackType | 
         frames = frames.tb_next
     return frames
 
+
 if __name__ == "__main__":
     sys.exit(main())
