@@ -26,7 +26,7 @@ from elastic.driver.logs import WorkerLines
 from elastic.driver.reports import Reports, WorkerExited
 from elastic.driver.workers import Worker, stop_workers
 from elastic.protocol.http import SlotInfo
-from elastic.protocol.python_command import standby_command
+from elastic.protocol.python_command import STANDBY_MODULE, standby_command
 
 log = logging.getLogger("elasticrun")
 
@@ -215,14 +215,20 @@ class Fleet:
         """Kill the local keepers of the job that no adopted worker's record names."""
         adopted = {w.log_dir for w in self.workers.values() if w.process is not None}
         for pid, folder in keepers_under(self.log_root).items():
-            if folder not in adopted:
+            if folder in adopted:
+                continue
+            if _runs_standby(pid):  # standbys end with the driver that started them
+                log.info("stopping %s (keeper pid %d): a standby of the earlier driver (or a "
+                         "worker started in one after its last save)",
+                         os.path.basename(folder), pid)  # fmt: skip
+            else:
                 log.warning(
                     "stopping %s (keeper pid %d): the earlier driver launched it after its "
                     "last save",
                     os.path.basename(folder),
                     pid,
                 )
-                kill_keeper(pid)
+            kill_keeper(pid)
 
     @staticmethod
     def _located(worker: Worker) -> Located:
@@ -319,3 +325,12 @@ class Fleet:
         task = asyncio.create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _runs_standby(pid: int) -> bool:
+    """Whether keeper `pid` runs a standby (its command line names the standby's module)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return STANDBY_MODULE.encode() in cmdline.read().split(b"\0")
+    except OSError:
+        return False

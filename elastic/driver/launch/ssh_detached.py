@@ -273,7 +273,8 @@ class RemoteDetachedProcess(WorkerProcess):
             )
         for stray in header.get("stopped", []):
             log.warning(
-                "stopped %s on host %s: the earlier driver launched it after its last save",
+                "stopped %s on host %s: the earlier driver launched it after its last save, "
+                "or it was a standby (standbys end with their driver)",
                 os.path.basename(stray),
                 self._hostname,
             )
