@@ -93,36 +93,43 @@ def _startup_path(python: PythonCommand) -> str | None:
 
 def _warm_up(first_path: str | None, preload: list[str]) -> None:
     """Import torch, the worker runtime, the first optimizer's lazy imports and `preload` at
-    the lowest priority, in a thread; an import of `preload` that fails is reported and
-    ends the standby (exit 1): every worker of the job would fail the same way."""
+    the lowest priority, in a thread. A module whose import fails there is imported again in
+    the main thread (some must be: they set signal handlers); one that fails there too is
+    reported and ends the standby (exit 1): every worker of the job would fail the same way."""
     if first_path is not None:
         sys.path[0] = first_path
-    failure: list[BaseException] = []
+    names = ["torch", "elastic.torch", *preload]
+    failed: list[str] = []
 
     def imports() -> None:
         _lower_own_priority()
-        try:
-            import torch
-
-            import elastic.torch  # noqa: F401  (the runtime, the state, the collectives)
-
-            torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # torch._dynamo
-            for name in preload:
+        for name in names:
+            if failed:  # the rest after it, in the main thread
+                failed.append(name)
+                continue
+            try:
                 importlib.import_module(name)
-        except BaseException as error:  # noqa: BLE001 (reported by the main thread)
-            failure.append(error)
+                if name == "elastic.torch":
+                    _build_an_optimizer()
+            except Exception:  # noqa: BLE001 (tried again in the main thread)
+                failed.append(name)
 
     _set_autogroup_nice(LOWEST_PRIORITY)
     thread = threading.Thread(target=imports, name="standby-imports", daemon=True)
     thread.start()
     thread.join()
     _set_autogroup_nice(0)
-    if failure:
-        print(
-            f"elastic.worker.standby: preloading failed: {type(failure[0]).__name__}: {failure[0]}",
-            file=sys.stderr,
-        )
-        raise SystemExit(1)
+    for name in failed:
+        try:
+            importlib.import_module(name)
+            if name == "elastic.torch":
+                _build_an_optimizer()
+        except Exception as error:  # noqa: BLE001 (the standby's one line, then exit 1)
+            print(
+                f"elastic.worker.standby: preloading failed: {type(error).__name__}: {error}",
+                file=sys.stderr,
+            )
+            raise SystemExit(1) from None
     import torch
 
     if torch.cuda.is_initialized():
@@ -131,6 +138,13 @@ def _warm_up(first_path: str | None, preload: list[str]) -> None:
             "standby was used: it holds GPU memory while it waits",
             file=sys.stderr,
         )
+
+
+def _build_an_optimizer() -> None:
+    """What the first optimizer of a process imports lazily (`torch._dynamo`, 1.5 s here)."""
+    import torch
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
 def _lower_own_priority() -> None:
@@ -155,11 +169,16 @@ def _wait_for_slot(standby_id: str) -> dict[str, str] | None:
     Raises:
         SystemExit(1): the driver stayed unreachable past the retry budget (it is gone).
     """
+    from elastic.errors import ElasticError
     from elastic.worker.config import WorkerConfig
     from elastic.worker.driver_link.http_client import DriverClient, DriverError
     from elastic.worker.driver_link.locator import DriverLocator
 
-    config = WorkerConfig.from_env()
+    try:
+        config = WorkerConfig.from_env()
+    except ElasticError as error:  # not started by elasticrun, or a variable it cannot use
+        print(f"elastic.worker.standby: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
     locator = DriverLocator(
         config.driver_url,
         config.control_address,

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from elastic.driver.errors import LaunchError
 from elastic.driver.launch.fleet import Fleet
 from elastic.driver.launch.host_access import HostAccess
+from elastic.driver.launch.standbys import TakenStandby
 from elastic.driver.policy.end_causes import NOT_STARTED
 from elastic.driver.workers import Worker, WorkerState
 
@@ -89,7 +90,9 @@ class Staffing:
             await self.start(worker)
             started.append(worker)
         if started:
-            log.info("launched %d worker(s) on %s", len(started), host_summary(started),
+            warm = sum(isinstance(worker.process, TakenStandby) for worker in started)
+            log.info("launched %d worker(s) on %s%s", len(started), host_summary(started),
+                     f" ({warm} in warm standbys)" if warm else "",
                      extra={"event": "launch"})  # fmt: skip
         return started
 
