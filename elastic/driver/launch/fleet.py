@@ -44,6 +44,10 @@ class Fleet:
     `Worker.offsets`, so that a restarted driver shows the rest. `stop` ends a worker for good
     (SIGTERM, then SIGKILL after the grace period); `close` stops every worker, or with
     `abandon` leaves them running for another driver, and ends the watching.
+
+    With `keep_standbys`, `standbys` keeps warm standby processes on the job's hosts, and a
+    worker made with `new_worker(..., standby=True)` starts in a ready one where its host has
+    one (see `launch/standbys.py`); they end with the fleet, taken or not.
     """
 
     def __init__(
