@@ -20,7 +20,9 @@ worker's host gets its replacement at once. On the bed (`--bed`) it is bench/hos
 1. launch; `launch_to_first_step_s`: to the first step at full size (a fresh job: standbys
    play no part in it);
 2. train steadily, then wait until the job's standbys are ready (`/v1/status`; up to 60 s) or,
-   without standbys, as long;
+   without standbys, 5 s; `step_s_while_standby_starts`: rank 0's median step time from the
+   first step to then (a standby imports torch meanwhile, at the lowest priority), and
+   `step_s_steady` over the next 3 s (a standby waits: what a job that never fails pays);
 3. SIGKILL rank 1's worker; `recovery_s`: to the first step of any worker after it;
    `refill_s`: to the first step of a process that did not train before (the replacement);
    `in_standby`: whether that process is the standby that waited (its pid);
@@ -39,6 +41,7 @@ import platform
 import random
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -62,13 +65,20 @@ from bench.support.trial_processes import Launcher, Output, TrialFailed, free_po
 
 SYSTEMS = ["elasticrun", "elasticrun_no_standby", "torchrun_tuned"]
 BED_SYSTEMS = ["elasticrun", "elasticrun_no_standby"]
-METRICS = ["launch_to_first_step_s", "recovery_s", "refill_s"]
+METRICS = [
+    "launch_to_first_step_s",
+    "step_s_while_standby_starts",
+    "step_s_steady",
+    "recovery_s",
+    "refill_s",
+]
 LAUNCH_TIMEOUT = 90.0
 STEADY_TIMEOUT = 30.0
 STANDBY_TIMEOUT = 60.0
 REFILL_TIMEOUT = 60.0
 STEADY_STEPS = 10
 SETTLE = 5.0  # seconds the systems without standbys train before the kill
+STEADY_WINDOW = 3.0  # seconds of steps timed once the standby waits (or after SETTLE)
 REFILL_FLAGS = ["--blacklist-cooldown-range", "0", "0", "--failure-scope", "worker"]
 
 
@@ -217,6 +227,9 @@ def run_trial(job: LocalJob | BedJob, rng: random.Random) -> dict[str, Any]:
         else:  # as long as a standby takes to be ready here, for a like machine state
             time.sleep(SETTLE)
         record["standby_wait_s"] = round(time.time() - t_wait, 3)
+        time.sleep(STEADY_WINDOW)
+        record["step_s_while_standby_starts"] = median_step(out, 0, first.t, t_wait)
+        record["step_s_steady"] = median_step(out, 0, time.time() - STEADY_WINDOW, time.time())
         phase = "kill"
         time.sleep(rng.uniform(0.0, 0.3))
         with out.cond:
@@ -252,6 +265,14 @@ def run_trial(job: LocalJob | BedJob, rng: random.Random) -> dict[str, Any]:
             record["stop"] = stop_all(job.launchers, str(job.folder))
         (job.folder.parent / f"{job.folder.name}.log").write_text(out.transcript(t_launch) + "\n")
     return record
+
+
+def median_step(out: Output, rank: int, start: float, end: float) -> float | None:
+    """The median time between consecutive steps of `rank` from `start` to `end`."""
+    with out.cond:
+        times = sorted(s.t for s in out.steps if s.rank == rank and start <= s.t <= end)
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    return round(statistics.median(gaps), 4) if gaps else None
 
 
 def markdown(doc: dict[str, Any]) -> str:
