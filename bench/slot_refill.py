@@ -226,9 +226,10 @@ def run_trial(job: LocalJob | BedJob, rng: random.Random) -> dict[str, Any]:
                 time.sleep(0.2)
         else:  # as long as a standby takes to be ready here, for a like machine state
             time.sleep(SETTLE)
-        record["standby_wait_s"] = round(time.time() - t_wait, 3)
+        t_ready = time.time()
+        record["standby_wait_s"] = round(t_ready - t_wait, 3)
         time.sleep(STEADY_WINDOW)
-        record["step_s_while_standby_starts"] = median_step(out, 0, first.t, t_wait)
+        record["step_s_while_standby_starts"] = median_step(out, 0, first.t, t_ready)
         record["step_s_steady"] = median_step(out, 0, time.time() - STEADY_WINDOW, time.time())
         phase = "kill"
         time.sleep(rng.uniform(0.0, 0.3))
