@@ -184,18 +184,18 @@ class StandbyPool:
 
     async def close(self) -> None:
         """Stop every standby not taken (SIGTERM, SIGKILL after the grace period) and wait for
-        them to end."""
-        standbys = list(self._standbys.values())
+        them to end (up to another grace period)."""
+        standbys = list(self._standbys.values())  # one still starting ends once started
         for standby in standbys:
             self._stop(standby, "the job ends")
-        for task in self._tasks:
-            if not task.done():
-                task.cancel()
-        ends = [asyncio.ensure_future(s.ended.wait()) for s in standbys if s.process]
+        ends = [asyncio.ensure_future(s.ended.wait()) for s in standbys]
         if ends:
             _, late = await asyncio.wait(ends, timeout=2 * self._stop_grace)
             for end in late:
                 end.cancel()
+        for task in self._tasks:  # starts still in flight, kills no longer needed
+            if not task.done():
+                task.cancel()
 
     # --- one standby's life --------------------------------------------------------------------
 
