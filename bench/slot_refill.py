@@ -102,19 +102,9 @@ def standbys_ready(job_id: str, job_files: Path) -> list[int]:
 
 def standby_python_pids(folder: Path) -> set[int]:
     """Standby processes (not their keepers) whose environment names the trial's folder."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            words = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        module = words[words.index(b"-m") + 1] if b"-m" in words[:-1] else b""
-        if module == b"elastic.worker.standby" and str(folder).encode() in environ:
-            found.add(int(entry.name))
-    return found
+    from tests.support.processes import standby_processes
+
+    return standby_processes(str(folder))
 
 
 class LocalJob:

@@ -18,7 +18,6 @@ from elastic.worker.collectives.process_sets import add_process_set, clear_proce
 from elastic.worker.config import WorkerConfig
 from elastic.worker.driver_link.control_client import ControlClient, ControlError
 from elastic.worker.driver_link.http_client import DriverClient, NotMemberError
-from elastic.worker.driver_link.locator import DriverLocator
 from elastic.worker.driver_link.membership_events import MembershipEvents, Offer
 from elastic.worker.errors import WorkerLostError
 from elastic.worker.group.formation import InitTimeoutError, enter_next_round, form_again
@@ -72,21 +71,8 @@ def _start() -> None:
     driver_host = urlsplit(config.driver_url).hostname
     if driver_host:
         choose_gloo_interface(driver_host)  # before any group: see group/gloo_interface.py
-    locator = DriverLocator(
-        config.driver_url,
-        config.control_address,
-        config.etcd,
-        config.job_id,
-        token=config.token,  # verifies the certificate a restarted driver publishes (TLS)
-        tls_cert=config.tls_cert,
-    )
-    client = DriverClient(
-        config.driver_url,
-        config.token,
-        retry_for=config.driver_retry_for,
-        tls_cert=config.tls_cert,
-        locator=locator,
-    )
+    client = DriverClient.for_worker(config)
+    locator = client.locator
     events = MembershipEvents()
     control = ControlClient(
         config.control_address,

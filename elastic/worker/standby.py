@@ -172,28 +172,13 @@ def _wait_for_slot(standby_id: str) -> dict[str, str] | None:
     from elastic.errors import ElasticError
     from elastic.worker.config import WorkerConfig
     from elastic.worker.driver_link.http_client import DriverClient, DriverError
-    from elastic.worker.driver_link.locator import DriverLocator
 
     try:
         config = WorkerConfig.from_env()
     except ElasticError as error:  # not started by elasticrun, or a variable it cannot use
         print(f"elastic.worker.standby: {error}", file=sys.stderr)
         raise SystemExit(1) from None
-    locator = DriverLocator(
-        config.driver_url,
-        config.control_address,
-        config.etcd,
-        config.job_id,
-        token=config.token,
-        tls_cert=config.tls_cert,
-    )
-    client = DriverClient(
-        config.driver_url,
-        config.token,
-        retry_for=config.driver_retry_for,
-        tls_cert=config.tls_cert,
-        locator=locator,
-    )
+    client = DriverClient.for_worker(config)
     request = StandbyWaitRequest(standby_id=standby_id, pid=os.getpid(), timeout=POLL_SECONDS)
     try:
         while True:

@@ -52,3 +52,19 @@ def processes_working_in(folder: str) -> list[int]:
         if inside and _state(entry.name) not in (None, "Z"):
             found.append(int(entry.name))
     return found
+
+
+def standby_processes(environment_holds: str) -> set[int]:
+    """Live standby processes (`python -m elastic.worker.standby`; not their keepers, whose
+    command lines name it too) whose environment holds `environment_holds` (a job's
+    `ELASTIC_JOB_ID=...`, a folder its command names)."""
+    found = set()
+    for pid, argv in processes_naming("elastic.worker.standby").items():
+        module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if module == "elastic.worker.standby" and environment_holds in environ:
+            found.add(pid)
+    return found

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from elastic.errors import ElasticError
 from elastic.protocol.http import JoinRequest, JoinResponse
+from elastic.worker.config import WorkerConfig
 from elastic.worker.driver_link.locator import DriverLocator
 from elastic.worker.driver_link.retries import bounded_retries
 from elastic.worker.driver_link.transport import http_client
@@ -64,6 +65,32 @@ class DriverClient:
         self._token, self._tls_cert = token, tls_cert
         self._retry_for = retry_for
         self._locator = locator
+
+    @classmethod
+    def for_worker(cls, config: WorkerConfig) -> DriverClient:
+        """A client of the driver `config` names (a worker's, a standby's), following it
+        where a restarted one publishes its address (etcd), retrying for as long as the
+        worker would; `locator` is there for the worker's other links."""
+        locator = DriverLocator(
+            config.driver_url,
+            config.control_address,
+            config.etcd,
+            config.job_id,
+            token=config.token,  # verifies the certificate a restarted driver publishes (TLS)
+            tls_cert=config.tls_cert,
+        )
+        return cls(
+            config.driver_url,
+            config.token,
+            retry_for=config.driver_retry_for,
+            tls_cert=config.tls_cert,
+            locator=locator,
+        )
+
+    @property
+    def locator(self) -> DriverLocator | None:
+        """Where this client looks for a driver that moved."""
+        return self._locator
 
     def _relocate(self) -> bool:
         """Between retries: follow the driver if it moved; True if it did."""

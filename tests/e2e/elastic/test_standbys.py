@@ -22,7 +22,7 @@ from tests.e2e.elastic.test_elastic import (
 from tests.e2e.etcd.test_driver_restart import durable_args, kill_driver
 from tests.support.etcd_server import EtcdServer
 from tests.support.job_status import until
-from tests.support.processes import pids_alive
+from tests.support.processes import pids_alive, standby_processes
 from tests.support.scripts import write_script
 
 pytestmark = pytest.mark.timeout(240)
@@ -46,24 +46,8 @@ def ready_standby(job_id: str, env: dict[str, str], other_than: int | None = Non
 
 
 def standby_pids(job_id: str) -> set[int]:
-    """Processes of this user running `elastic.worker.standby` for job `job_id` (not their
-    keepers, whose command line names it too)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes()
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        words = command.split(b"\0")
-        module = words[words.index(b"-m") + 1] if b"-m" in words[:-1] else b""
-        if module == b"elastic.worker.standby" and f"ELASTIC_JOB_ID={job_id}\0".encode() in (
-            environ + b"\0"
-        ):
-            found.add(int(entry.name))
-    return found
+    """Standby processes of job `job_id`."""
+    return standby_processes(f"ELASTIC_JOB_ID={job_id}\0")
 
 
 def test_a_killed_worker_s_replacement_runs_in_the_standby_and_a_new_one_waits(

@@ -22,9 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from elastic.driver.job_file import find_job
 from elastic.driver.logs import LogTail, terminal_handlers
 from elastic.protocol.http import JobStatus
+from tests.support import job_status
 from tests.support.processes import processes_naming
 from tests.support.running_job import ELASTICRUN, RunningJob
 from tests.support.scripts import write_script
@@ -66,12 +66,7 @@ def job_id_of(line: str) -> str:
 
 def status_of(job_id: str, runtime: dict[str, str]) -> JobStatus:
     """`/v1/status` of the running job, asked with its token as an operator's tool does."""
-    job = find_job(job_id, Path(runtime["XDG_RUNTIME_DIR"]) / "elasticrun")
-    answer = httpx.get(
-        f"{job.urls.api}/v1/status", headers={"Authorization": f"Bearer {job.token}"}, timeout=10
-    )
-    assert answer.status_code == 200, answer.text
-    return JobStatus.model_validate_json(answer.content)
+    return job_status.asked(job_id, runtime)
 
 
 def enter(link: str) -> None:
