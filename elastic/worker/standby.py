@@ -8,9 +8,10 @@ environment plus `ELASTIC_STANDBY_ID`, `ELASTIC_STANDBY_COMMAND` (the job's comm
 and `ELASTIC_STANDBY_PRELOAD`.
 
 Guarantees:
-* the imports run in a thread at the lowest CPU priority (nice 19, and the process's
-  autogroup too where the kernel has one, set back to 0 once they are done): a standby that
-  starts beside training slows it as little as the scheduler allows; waiting costs no CPU;
+* the imports run in a thread at the lowest CPU priority (SCHED_IDLE and nice 19, and the
+  process's autogroup at nice 19 where the kernel has one, set back to 0 once they are
+  done): a standby that starts beside training slows it as little as the scheduler allows;
+  waiting costs no CPU;
 * no CUDA context is made before the standby is used (a preloaded module that makes one is
   reported at once);
 * once taken, the process has exactly the worker's environment and `sys.argv`, runs the
@@ -148,9 +149,13 @@ def _build_an_optimizer() -> None:
 
 
 def _lower_own_priority() -> None:
-    """Nice 19 for the calling thread only (Linux: a thread's nice is its own)."""
+    """The calling thread only (Linux: a thread's priority is its own) at nice 19 and under
+    SCHED_IDLE: it runs when nothing else wants the CPU, and a training thread that wakes
+    takes the CPU from it at once rather than at the next tick."""
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWEST_PRIORITY)
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def _set_autogroup_nice(nice: int) -> None:
