@@ -120,6 +120,8 @@ class StandbyPool:
         self._failures: dict[str, int] = {}  # host -> standbys in a row that failed early
         self._given_up: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._workers: set[asyncio.Task[None]] = set()  # the watches of taken standbys
+        self._runs: dict[str, asyncio.Task[None]] = {}  # each standby's watch, by id
         self.taken = 0  # standbys that became workers
         self.started = 0
 
@@ -151,6 +153,8 @@ class StandbyPool:
             if standby.ready and standby.process is not None and standby.exit_code is None:
                 standby.taken = True
                 self._taken[standby.standby_id] = self._standbys.pop(standby.standby_id)
+                if (watch := self._runs.get(standby.standby_id)) is not None:
+                    self._workers.add(watch)
                 self.taken += 1
                 return standby
         return None
@@ -193,7 +197,7 @@ class StandbyPool:
             _, late = await asyncio.wait(ends, timeout=2 * self._stop_grace)
             for end in late:
                 end.cancel()
-        for task in self._tasks:  # starts still in flight, kills no longer needed
+        for task in self._tasks - self._workers:  # a taken one's watch is its worker's wait
             if not task.done():
                 task.cancel()
 
@@ -204,7 +208,7 @@ class StandbyPool:
         standby = Standby(f"{hostname}#standby.{serial}", hostname, serial)
         self._standbys[standby.standby_id] = standby
         self.started += 1
-        self._spawn(self._run(standby))
+        self._runs[standby.standby_id] = self._spawn(self._run(standby))
 
     async def _run(self, standby: Standby) -> None:
         env = self._environment(standby.standby_id, standby.hostname)
@@ -277,10 +281,18 @@ class StandbyPool:
 
         return located
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coroutine)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._forget)
+        return task
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._workers.discard(task)
+        for standby_id, watch in list(self._runs.items()):
+            if watch is task:
+                del self._runs[standby_id]
 
 
 async def _last_error_line(process: WorkerProcess) -> str:
