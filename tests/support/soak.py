@@ -35,9 +35,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
+from elastic.protocol.python_command import STANDBY_MODULE
 from tests.support.etcd_server import EtcdServer
 from tests.support.paths import DISCOVERY_SCRIPTS, WORKERS
-from tests.support.processes import processes_naming
+from tests.support.processes import processes_naming, standby_processes
 from tests.support.running_job import RunningJob, Stream
 
 SOAK_JOB = WORKERS / "soak_job.py"
@@ -174,12 +175,18 @@ def _state(pid: int) -> str | None:
 
 
 def job_processes(marker: str) -> dict[int, tuple[str, str, list[str]]]:
-    """The live processes of a job whose command lines name `marker` (the test's tmp_path):
-    pid -> (role, state letter, argv), role being `worker`, `keeper`, `agent` (the ssh
-    agent of a remote worker) or `driver`."""
+    """The live processes of a job whose command lines name `marker` (the test's tmp_path),
+    and its standbys, whose environments do: pid -> (role, state letter, argv), role being
+    `worker` (a standby too), `keeper`, `agent` (the ssh agent of a remote worker) or
+    `driver`."""
     found = {}
-    for pid, argv in processes_naming(marker).items():
-        if KEEPER in argv:
+    waiting = standby_processes(marker)
+    standbys = {pid: argv for pid, argv in processes_naming(STANDBY_MODULE).items()
+                if pid in waiting}  # fmt: skip
+    for pid, argv in {**processes_naming(marker), **standbys}.items():
+        if pid in standbys:  # waiting, or a worker that started in it: its launch environment
+            role = "worker"  # names `marker`, its command line does not
+        elif KEEPER in argv:
             role = "keeper"
         elif AGENT in argv:
             role = "agent"

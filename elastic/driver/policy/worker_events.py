@@ -36,6 +36,7 @@ from elastic.driver.policy.causes import Cause
 from elastic.driver.policy.fleet_loss import fleet_lost
 from elastic.driver.policy.forming import joiner_waiting
 from elastic.driver.policy.liveness import Ending, Verdict, ending
+from elastic.driver.policy.phase import Phase
 from elastic.driver.policy.view import JobView
 from elastic.driver.settings import FailureScope
 from elastic.driver.workers import Worker, WorkerState
@@ -69,6 +70,8 @@ def exited(view: JobView, worker: Worker, ended_unwatched: bool, now: float) -> 
         )
         return Decision((Finish(code or 1, message),), message)
     if kind is Ending.LEFT:
+        if code == 0 and view.phase is Phase.FINISHING:  # it finished before it could leave
+            return Decision((left, SeeIfEnded()), f"{where} left as training ended")
         if code == 0:
             return Decision((left, FillSlots()), f"{where} left: its slot is free")
         # It may have died before it left (a removed host's workers killed before their

@@ -265,6 +265,16 @@ def test_a_leaver_that_exits_0_breaks_nothing() -> None:
     assert kinds(decision) == [MarkEnded, FillSlots]
 
 
+def test_a_leaver_whose_exit_comes_as_training_ends_lets_the_job_end() -> None:
+    """A member asked to leave (a SIGTERM, its host drained) that finished training before it
+    could: training is over, nobody fills its slot, and the job looks whether it has ended
+    (a restarted driver that adopted it leaving waited for ever: a soak's hang)."""
+    gone = ended("r0", LV, code=0)
+    decision = exited(pair(gone, phase=Phase.FINISHING), gone, False, NOW)
+    assert kinds(decision) == [MarkEnded, SeeIfEnded]
+    assert decision.actions[0] == MarkEnded("r0", failed=False, cause="left")
+
+
 def test_a_member_that_finishes_ends_training_for_every_worker() -> None:
     done = ended("r0", code=0)
     assert kinds(exited(pair(done), done, False, NOW)) == [MarkEnded, BeginFinishing, SeeIfEnded]
