@@ -179,7 +179,9 @@ class StandbyPool:
         standby = self._standbys.get(standby_id) or self._taken.get(standby_id)
         if standby is None:
             return StandbyAnswer(status="exit")
-        standby.ready = True
+        if not standby.ready:
+            standby.ready = True
+            self._failures.pop(standby.hostname, None)  # "in a row": this one is ready
         try:
             env = await asyncio.wait_for(asyncio.shield(standby.given), timeout)
         except TimeoutError:
