@@ -7,8 +7,8 @@ first step of a fresh 2-worker job.
 
 Systems, interleaved per trial in a rotating order:
 
-* `elasticrun`: warm standbys on (`--standby 1`, the default);
-* `elasticrun_no_standby`: `--standby 0`, every replacement a cold start;
+* `elasticrun`: warm standbys on (`--standby 1`);
+* `elasticrun_no_standby`: `--standby 0` (the default), every replacement a cold start;
 * `torchrun_tuned` (this machine only): as in bench/recovery.py; its agent restarts every
   worker, so its "replacement" is the restarted group.
 

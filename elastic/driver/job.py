@@ -69,7 +69,6 @@ from elastic.driver.server.status import describe_job
 from elastic.driver.settings import Settings
 from elastic.driver.workers import Worker, WorkerState
 from elastic.protocol.http import HostStatus, JobStatus, StandbyAnswer
-from elastic.protocol.python_command import standby_command
 
 log = logging.getLogger("elasticrun")
 
@@ -227,10 +226,7 @@ class Job:
         self._environments = WorkerEnvironments(
             self.settings, endpoints, job_id=self.job_id, token=self._token
         )
-        if self.elastic is not None and not self.elastic.standby:
-            if standby_command(self.settings.command) is None:
-                log.info("warm standbys are off: the command does not start with python")
-        elif self.elastic is not None:
+        if self.elastic is not None and self.elastic.standby:
             environments = self._environments
             self._fleet.keep_standbys(
                 self.elastic.standby, list(self.settings.command), self.elastic.preload,

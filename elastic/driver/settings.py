@@ -39,7 +39,7 @@ def _count(value: int | None, flag: str, most: int) -> None:
         raise SettingsError(f"{flag} must be at most {most}, got {value}")
 
 
-DEFAULT_STANDBY = 1
+DEFAULT_STANDBY = 0  # off: a standby costs a busy host while it starts (docs/launcher.md)
 MAX_STANDBY = 64
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 

@@ -63,8 +63,9 @@ def test_a_standby_holds_no_cuda_context_until_a_killed_worker_s_slot_starts_in_
     (tmp_path / "run").mkdir()
     env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
     job = elasticrun(
-        ["--job-id", "gpustandby", "-np", "1", "--min-np", "1", "-H", "localhost:1",
-         "--blacklist-cooldown-range", "0", "0", sys.executable, str(script)],
+        ["--job-id", "gpustandby", "--standby", "1", "-np", "1", "--min-np", "1",
+         "-H", "localhost:1", "--blacklist-cooldown-range", "0", "0", sys.executable,
+         str(script)],
         env,
     )  # fmt: skip
     worker = int(job.wait_for(r"cuda step 10 pid=(\d+)", 120).group(1))

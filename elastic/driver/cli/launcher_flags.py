@@ -236,7 +236,7 @@ def _add_elastic_flags(parser: argparse.ArgumentParser) -> None:
         help=f"warm standby processes per host that runs workers: each has imported torch and "
         f"the worker runtime and waits; a slot refilled on its host (a crashed worker's, a "
         f"joiner's) runs the script in it, so it trains within about a second; 0 turns them "
-        f"off; only for a command that starts with python (default {DEFAULT_STANDBY}; "
+        f"off; only for a command that starts with python (default {DEFAULT_STANDBY}: off; "
         f"see docs/launcher.md#warm-standbys)",
     )
     elastic.add_argument(

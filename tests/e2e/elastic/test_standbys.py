@@ -28,6 +28,7 @@ from tests.support.scripts import write_script
 pytestmark = pytest.mark.timeout(240)
 
 NO_COOLDOWN = ("--blacklist-cooldown-range", "0", "0")
+STANDBY = ("--standby", "1")  # off by default
 
 
 def runtime_env(tmp_path: Path) -> dict[str, str]:
@@ -55,7 +56,7 @@ def test_a_killed_worker_s_replacement_runs_in_the_standby_and_a_new_one_waits(
 ) -> None:
     env = runtime_env(tmp_path)
     job = elasticrun(
-        ["--job-id", "standby1", "-np", "2", "--min-np", "2", "-H", "localhost:2",
+        ["--job-id", "standby1", *STANDBY, "-np", "2", "--min-np", "2", "-H", "localhost:2",
          *ONE_WORKER_FAILS, *NO_COOLDOWN,
          *job_args(tmp_path, "--samples", "1600", "--step-delay", "0.05", epochs=2)],
         env,
@@ -116,7 +117,7 @@ def test_a_script_runs_in_a_standby_as_python_runs_it_and_fails_as_it_would(
     env = runtime_env(tmp_path)
     go = tmp_path / "go"
     job = elasticrun(
-        ["--job-id", "standby2", "-np", "2", "--min-np", "1", "-H", "localhost:2",
+        ["--job-id", "standby2", *STANDBY, "-np", "2", "--min-np", "1", "-H", "localhost:2",
          *ONE_WORKER_FAILS, *NO_COOLDOWN, "python", str(script), str(go)],
         env,
     )  # fmt: skip
@@ -147,7 +148,7 @@ def test_a_preload_that_cannot_import_turns_standbys_off_with_one_line(
     env = runtime_env(tmp_path)
     job = elasticrun(
         ["--job-id", "standby3", "-np", "1", "--min-np", "1", "-H", "localhost:1",
-         "--preload", "no_such_module_here",
+         *STANDBY, "--preload", "no_such_module_here",
          *job_args(tmp_path, "--samples", "2400", "--step-delay", "0.05", epochs=1)],
         env,
     )  # fmt: skip
@@ -162,7 +163,7 @@ def test_a_restarted_driver_stops_the_old_standbys_and_hands_a_slot_to_its_own(
 ) -> None:
     env = runtime_env(tmp_path)
     args = durable_args(
-        etcd, "standby4", "-np", "2", "--min-np", "2", "-H", "localhost:2",
+        etcd, "standby4", *STANDBY, "-np", "2", "--min-np", "2", "-H", "localhost:2",
         *ONE_WORKER_FAILS, *NO_COOLDOWN,
         *job_args(tmp_path, "--samples", "2400", "--step-delay", "0.05", epochs=2),
     )  # fmt: skip

@@ -181,8 +181,8 @@ def test_a_checkpoint_directory_reaches_the_workers_absolute(tmp_path, monkeypat
 @pytest.mark.parametrize(
     ("args", "standby", "preload"),
     [
-        (["--min-np", "1", "python", "t.py"], 1, ()),  # on by default for a Python command
-        (["--min-np", "1", "python3", "-u", "-m", "pkg.train"], 1, ()),
+        (["--min-np", "1", "python", "t.py"], 0, ()),  # off by default
+        (["--min-np", "1", "--standby", "1", "python3", "-u", "-m", "pkg.train"], 1, ()),
         (["--min-np", "1", "bash", "t.sh"], 0, ()),  # off by default for another one
         (["--min-np", "1", "python", "-i", "t.py"], 0, ()),  # -i: no standby can honour it
         (["--min-np", "1", "--standby", "0", "python", "t.py"], 0, ()),
