@@ -29,7 +29,8 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
     re-joins the next round, calls the state's reset callbacks, syncs (only where the
     survivors' states differ, or a new worker joins), and calls `func` again.
     When the membership changes (`HostsUpdatedInterrupt`, raised by `state.commit()` on every
-    rank at the same step, or by `DistributedOptimizer.step()` when a member leaves: `func`
+    rank at the same step, or by `DistributedOptimizer.step()` when a member leaves, a worker
+    joins or a host goes: `func`
     must keep its progress in `state` as each step completes, as the sampler's
     `record_batch` does), it re-joins without restoring. A worker the driver excluded (it
     received SIGTERM, or its host left the discovery output) ends with `SystemExit(0)` at that

@@ -179,8 +179,9 @@ class State:
 
     def prepare_to_reform(self, members_leave: bool = True) -> None:
         """Run on every rank, in the round that ends, once all agreed to re-form (at a commit,
-        or at a step when a member leaves), while the old group still works: subclasses merge
-        what only some ranks know (samples recorded with `record_indices`). `members_leave`
+        or at a step: `DistributedOptimizer`'s re-form word), while the old group still works:
+        subclasses merge what only some ranks know (samples recorded with `record_indices`).
+        `members_leave`
         (the same on every rank): some member of this round is not in the next (False: the
         round only grows). May use collectives (their `WorkerLostError` propagates)."""
 

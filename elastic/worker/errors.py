@@ -35,12 +35,14 @@ class CollectiveArgumentError(ElasticError, RuntimeError, ValueError):
 
 class HostsUpdatedInterrupt(ElasticError, RuntimeError):
     """The job's membership changes: raised by `State.commit()` on every rank at the same step,
-    or (`at_step`) by `DistributedOptimizer.step()` on every rank at the same step when a
-    member leaves, before that step changes anything.
+    or (`at_step`) by `DistributedOptimizer.step()` on every rank at the same step, before that
+    step changes anything, once the ranks agreed in the last step's gradient allreduce that the
+    round ends (a member leaves, a worker joins, a host goes).
 
     Nothing was lost, so the run loop does not restore; it re-joins the rendezvous and, unless
     `skip_sync` is true, syncs state. `skip_sync` is true when no worker joins (only removals
-    or a leave), so every member of the next round already holds the same state.
+    or a leave), so every member of the next round already holds the same state; at a step it
+    is this rank's view, and a joiner's own sync brings the state to every rank regardless.
     """
 
     def __init__(self, skip_sync: bool = False, at_step: bool = False) -> None:
@@ -48,7 +50,7 @@ class HostsUpdatedInterrupt(ElasticError, RuntimeError):
         self.at_step = bool(at_step)
         super().__init__(
             (
-                "a member leaves: re-forming at this step"
+                "the job's membership changes: re-forming at this step"
                 if self.at_step
                 else "the job's hosts changed: re-forming"
             )

@@ -6,7 +6,8 @@ is allreduced asynchronously once all of its gradients are ready. Buckets are la
 strictly in bucket order, so every rank issues the same collectives in the same order.
 `synchronize()` waits for them and writes the reduced gradients back. The last bucket carries
 two more elements, summed by the same allreduce: how many sparse gradients the ranks have
-(`sparse_gradients.py`) and whether a member is leaving (`_LeaveWord`).
+(`sparse_gradients.py`) and whether the round ends at the next step (`_ReformWord`): a member
+is leaving, or the driver announced a newer round (a worker joins, a host is removed).
 
 A failure (a peer lost, the round broken) abandons the step's gradients: the next backward
 starts a new one.
@@ -43,7 +44,7 @@ __all__ = ["GradientReducer"]
 class _Bucket:
     """Parameters of one dtype and device whose gradients are reduced as one flat buffer; the
     last bucket's buffer carries two more elements: the count of sparse gradients
-    (`SparseWord`) and, last, the leave word (`_LeaveWord`)."""
+    (`SparseWord`) and, last, the re-form word (`_ReformWord`)."""
 
     __slots__ = ("params", "indices", "numels", "words", "flat", "views", "remaining", "pending")
 
@@ -69,13 +70,16 @@ class _Bucket:
         return self.flat
 
 
-class _LeaveWord:
-    """Whether a member is leaving, agreed by every rank at the same step for free: each rank
-    puts 1 (leaving) or 0 in one extra element of the step's last gradient allreduce, and
-    every rank reads the same sum. `take(round)`, at the start of the next `step()`, says what
-    the last completed step's allreduce of that same round agreed (waiting for it on a GPU),
-    and forgets it. A word of an earlier round is never acted on: the round ended otherwise
-    (at a commit, on a failure), and the new round's members did not all hear it."""
+class _ReformWord:
+    """Whether the round ends at the next step, agreed by every rank at the same step for free:
+    each rank puts 1 (it is leaving, or the driver told it of a newer round) or 0 in one extra
+    element of the step's last gradient allreduce, and every rank reads the same sum. So a
+    worker that joins (or a host that goes) waits one step for the others, not until their
+    next commit, however far apart commits are. `take(round)`, at the start of the next
+    `step()`, says what the last completed step's allreduce of that same round agreed
+    (waiting for it on a GPU), and forgets it. A word of an earlier round is never acted on:
+    the round ended otherwise (at a commit, on a failure), and the new round's members did
+    not all hear it."""
 
     def __init__(self) -> None:
         self._agreed = False
@@ -148,7 +152,7 @@ class GradientReducer:
         self.buckets = _make_buckets(params, fusion_threshold_bytes)
         if self.buckets:
             self.buckets[-1].words = 2
-        self.word = _LeaveWord()
+        self.word = _ReformWord()
         self.sparse = SparseGradients(params, average=op == Average)
         self.sparse_word = SparseWord()
         self.counts = [0] * len(params)
@@ -233,7 +237,8 @@ class GradientReducer:
             flat.mul_(self.prescale)
         if bucket.words:
             flat[-2] = float(self.sparse.count())
-            flat[-1] = 1.0 if ctx.events.leaving else 0.0
+            reform = ctx.events.leaving or ctx.events.pending_update(ctx.round) is not None
+            flat[-1] = 1.0 if reform else 0.0
         buf, cctx = self.compression.compress(flat)
         if not buf.is_contiguous():
             buf = buf.contiguous()

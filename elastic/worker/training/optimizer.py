@@ -4,7 +4,8 @@ averaged (or summed) over all ranks.
 The wrapped optimizer's `step()` waits for the gradients' allreduces, which start while
 backward runs (`gradient_reducer.py`), writes the reduced gradients back, then updates the
 parameters. Sparse gradients are reduced as Horovod reduces them (`sparse_gradients.py`).
-When a member is leaving, every rank raises `HostsUpdatedInterrupt` at the same step.
+When the membership changes (a member leaves, a worker joins, a host goes), every rank raises
+`HostsUpdatedInterrupt` at the same step.
 """
 
 from __future__ import annotations
@@ -63,15 +64,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Callable[[], float] | None = None) -> Any:
         """Synchronize the gradients (unless inside `skip_synchronize()`), then update.
 
-        When the last step's allreduce agreed that a member is leaving (it got SIGTERM or a
-        preemption notice), every rank raises `HostsUpdatedInterrupt` here instead, at the
-        same step, before this step changes anything: the leaver goes, the others re-form
-        and go on from the state after the last step, with nothing rolled back."""
+        When the last step's allreduce agreed that the round ends (a member is leaving: it got
+        SIGTERM or a preemption notice; or some rank heard of a newer round from the driver:
+        a worker joins, a host goes), every rank raises `HostsUpdatedInterrupt` here instead,
+        at the same step, before this step changes anything: a leaver goes, the others re-form
+        and go on from the state after the last step, with nothing rolled back; a joiner gets
+        that state in the run loop's sync. `skip_sync` is this rank's view (no worker joins,
+        as far as it heard); the sync's own survey decides for all."""
         step_boundary.boundary()  # the last step is booked: this one begins
-        if self._reducer.word.take(current("DistributedOptimizer.step").round):
+        ctx = current("DistributedOptimizer.step")
+        if self._reducer.word.take(ctx.round):
             self._reducer.abandon()  # this step's gradients: it never happened
             self._synchronized = False
-            raise HostsUpdatedInterrupt(skip_sync=True, at_step=True)
+            update = ctx.events.pending_update(ctx.round)
+            raise HostsUpdatedInterrupt(skip_sync=update is None or not update.added, at_step=True)
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(

@@ -16,7 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.elastic.test_elastic import assert_exactly_once, ranks_to_pids
+from tests.e2e.elastic.test_elastic import (
+    assert_exactly_once,
+    discovery_args,
+    ranks_to_pids,
+    write_hosts,
+)
 from tests.support.paths import WORKERS
 
 JOB = WORKERS / "elastic_job.py"
@@ -130,3 +135,34 @@ def test_rollback_commit_goes_back_to_the_last_commit(elasticrun, tmp_path: Path
     assert first == 1, job.output
     assert "restoring the last commit" in job.output
     assert assert_exactly_once(tmp_path)["size"] == 2
+
+
+def test_a_joiner_waits_one_step_for_the_incumbents_not_their_next_commit(
+    elasticrun, tmp_path: Path
+) -> None:
+    """A host is added to a job whose commits are 1,000 steps apart (epochs of 150 steps at
+    size 2, so the next commit is an epoch's end). The incumbents hold at step 8 until the
+    joiner waits at the rendezvous; once let go, they train at most two more steps at size 2
+    (the step whose gradient allreduce carries the word, and one in flight) before the job
+    goes on at size 3 from the next step, nothing rolled back or skipped, every sample
+    counted exactly once per epoch."""
+    hosts = tmp_path / "hosts"
+    write_hosts(hosts, "localhost:2\n")
+    go = tmp_path / "go"
+    job = elasticrun(
+        ["--min-np", "1", *discovery_args(),
+         *job_args(tmp_path, "--samples", "2400", "--step-delay", "0.02", *FAR_APART,
+                   "--hold-at-step", "8", "--hold-file", str(go))],
+        env={"ELASTIC_HOSTS_FILE": str(hosts)},
+    )  # fmt: skip
+    job.wait_for(r"step 8 epoch 0 size 2 ", timeout=60)
+    write_hosts(hosts, "localhost:2\n127.0.0.1:1\n")
+    job.wait_for(r"elasticrun: round 2: 3 worker\(s\)", timeout=60)
+    go.touch()
+    first = int(job.wait_for(r"step (\d+) epoch \d+ size 3 ", timeout=60).group(1))
+    before = max(steps_at(job.output, 2))
+    assert job.finish(120) == 0, job.output
+    assert first == before + 1, job.output
+    assert before <= 10, f"the incumbents trained on to step {before} at size 2:\n{job.output}"
+    assert "restoring the last commit" not in job.output, job.output
+    assert assert_exactly_once(tmp_path)["size"] == 3
