@@ -256,14 +256,19 @@ def test_optimizer_calls_before_init_raise_not_initialized(call: Any) -> None:
         call()
 
 
-def _leave_at_a_step(config: str) -> dict[str, Any]:
+def _interrupted_at_a_step(config: str, word: str) -> dict[str, Any]:
+    """Train 8 steps; during step 3 one rank gets the `word`: "leave" (rank 2 is asked to
+    leave: SIGTERM, a preemption notice) or "round" (only rank 1 hears of the driver's newer
+    round, which brings a joiner). Returns where `optimizer.step()` raised and what."""
     ctx = current("test")
     model = _model()
     opt = _distributed(config, model)
     after: list[list[list[float]]] = []
     for step in range(8):
-        if ctx.rank == 2 and step == 3:
-            ctx.events.request_leave()  # SIGTERM, a preemption notice: during step 3
+        if word == "leave" and ctx.rank == 2 and step == 3:
+            ctx.events.request_leave()
+        if word == "round" and ctx.rank == 1 and step == 3:
+            ctx.events.hosts_updated(HostsUpdate(ctx.round + 1, added=True, removed=False))
         opt.zero_grad()
         _loss(model, step, 0, ctx.rank).backward()
         try:
@@ -281,30 +286,10 @@ def test_a_leaving_member_stops_every_rank_at_the_same_step_boundary(config: str
     """A member told to leave during step 3 puts its word in step 3's gradient allreduce:
     every rank raises at the start of step 4's `optimizer.step()`, before it changes
     anything, so the ranks hold the same state, that of step 3."""
-    outs = run_group(_leave_at_a_step, 3, config, timeout=60)
+    outs = run_group(_interrupted_at_a_step, 3, config, "leave", timeout=60)
     assert [o["at"] for o in outs] == [4, 4, 4]
     assert all(o["interrupt"] == (True, True) and o["unchanged"] for o in outs)
     assert outs[0]["params"] == outs[1]["params"] == outs[2]["params"]
-
-
-def _round_announced_at_a_step(config: str) -> dict[str, Any]:
-    ctx = current("test")
-    model = _model()
-    opt = _distributed(config, model)
-    after: list[list[list[float]]] = []
-    for step in range(8):
-        if ctx.rank == 1 and step == 3:  # the driver's word reached rank 1 only, during step 3
-            ctx.events.hosts_updated(HostsUpdate(ctx.round + 1, added=True, removed=False))
-        opt.zero_grad()
-        _loss(model, step, 0, ctx.rank).backward()
-        try:
-            opt.step()
-        except HostsUpdatedInterrupt as interrupt:
-            unchanged = [p.tolist() for p in model.parameters()] == after[-1]
-            return {"at": step, "interrupt": (interrupt.at_step, interrupt.skip_sync),
-                    "unchanged": unchanged, "params": after[-1]}  # fmt: skip
-        after.append([p.tolist() for p in model.parameters()])
-    return {"at": None}
 
 
 @pytest.mark.parametrize("config", ["sgd", "adam_many_buckets", "sgd_fp16"])
@@ -316,7 +301,7 @@ def test_a_worker_joining_stops_every_rank_at_the_next_step_not_the_next_commit(
     `optimizer.step()`, before it changes anything, with no commit in sight. The rank that
     heard expects a sync (a worker joins); the others, who did not hear yet, do not say so,
     and the joiner's own sync brings the state to all (`State.sync_if_needed`)."""
-    outs = run_group(_round_announced_at_a_step, 3, config, timeout=60)
+    outs = run_group(_interrupted_at_a_step, 3, config, "round", timeout=60)
     assert [o["at"] for o in outs] == [4, 4, 4]
     assert [o["interrupt"] for o in outs] == [(True, True), (True, False), (True, True)]
     assert all(o["unchanged"] for o in outs)
