@@ -64,7 +64,9 @@ def test_a_group_forms_with_a_fresh_joiner_after_a_failed_attempt(tmp_path: Path
     joiner = context.Process(target=_rank_1, args=(str(tmp_path / "epoch-2"), result))
     joiner.start()
     try:
-        create_group(dist.FileStore(str(tmp_path / "epoch-2"), 2), 0, 2, CPU, timedelta(seconds=20))
+        # Waiting as the runtime's store waits (the round's timeout, not Gloo's 2 s connection
+        # timeout): the spawned joiner imports torch first, over 2 s on a busy small machine.
+        create_group(PatientStore(str(tmp_path / "epoch-2")), 0, 2, CPU, timedelta(seconds=20))
         tensor = torch.ones(1)
         dist.all_reduce(tensor)
         assert tensor.item() == 2.0
