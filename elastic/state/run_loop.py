@@ -30,13 +30,12 @@ def run(func: Callable[..., Result]) -> Callable[..., Result]:
     survivors' states differ, or a new worker joins), and calls `func` again.
     When the membership changes (`HostsUpdatedInterrupt`, raised by `state.commit()` on every
     rank at the same step, or by `DistributedOptimizer.step()` when a member leaves, a worker
-    joins or a host goes: `func`
-    must keep its progress in `state` as each step completes, as the sampler's
-    `record_batch` does), it re-joins without restoring. A worker the driver excluded (it
-    received SIGTERM, or its host left the discovery output) ends with `SystemExit(0)` at that
-    point (at once, with `os._exit(0)`, when it abandoned a process group whose collective
-    may still be blocked: its teardown would abort the process). Any other exception
-    propagates: the worker exits non-zero and the job re-forms without it.
+    joins or a host goes: `func` must keep its progress in `state` as each step completes, as
+    the sampler's `record_batch` does), it re-joins without restoring. A worker the driver
+    excluded (it received SIGTERM, or its host left the discovery output) ends with
+    `SystemExit(0)` at that point (at once, with `os._exit(0)`, when it abandoned a process
+    group whose collective may still be blocked: its teardown would abort the process). Any
+    other exception propagates: the worker exits non-zero and the job re-forms without it.
     """
 
     @functools.wraps(func)

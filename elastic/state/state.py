@@ -181,9 +181,9 @@ class State:
         """Run on every rank, in the round that ends, once all agreed to re-form (at a commit,
         or at a step: `DistributedOptimizer`'s re-form word), while the old group still works:
         subclasses merge what only some ranks know (samples recorded with `record_indices`).
-        `members_leave`
-        (the same on every rank): some member of this round is not in the next (False: the
-        round only grows). May use collectives (their `WorkerLostError` propagates)."""
+        `members_leave` (the same on every rank): some member of this round is not in the next
+        (False: the round only grows). May use collectives (their `WorkerLostError`
+        propagates)."""
 
     @property
     def durable(self) -> DurableWriter | None:
