@@ -145,14 +145,19 @@ def test_a_script_runs_in_a_standby_as_python_runs_it_and_fails_as_it_would(
 def test_a_preload_that_cannot_import_turns_standbys_off_with_one_line(
     elasticrun, tmp_path: Path
 ) -> None:
+    """The job holds at a step until the line is seen: three failed imports take as long as
+    the machine takes, and the driver stops trying standbys only while the job runs."""
     env = runtime_env(tmp_path)
+    go = tmp_path / "go"
     job = elasticrun(
         ["--job-id", "standby3", "-np", "1", "--min-np", "1", "-H", "localhost:1",
          *STANDBY, "--preload", "no_such_module_here",
-         *job_args(tmp_path, "--samples", "2400", "--step-delay", "0.05", epochs=1)],
+         *job_args(tmp_path, "--samples", "480", "--step-delay", "0.05",
+                   "--hold-at-step", "20", "--hold-file", str(go), epochs=1)],
         env,
     )  # fmt: skip
-    line = job.wait_for(r"no more standbys on host localhost: 3 in a row failed", 90)
+    line = job.wait_for(r"no more standbys on host localhost: 3 in a row failed", 150)
+    go.touch()
     assert "No module named 'no_such_module_here'" in line.string
     assert job.finish(120) == 0, job.transcript()
     assert assert_exactly_once(tmp_path, epochs=1)["size"] == 1
