@@ -410,11 +410,11 @@ class Job:
     def _first_step(self, number: int, at: float) -> None:
         self._conductor.timeline.first_step(number, at)
 
-    async def _standby_wait(self, standby_id: str, pid: int, timeout: float) -> StandbyAnswer:
+    async def _standby_wait(self, standby_id: str, timeout: float) -> StandbyAnswer:
         """A standby's long poll (`StandbyPool.wait`); `exit` when this job keeps none."""
         if self._fleet.standbys is None:
             return StandbyAnswer(status="exit")
-        return await self._fleet.standbys.wait(standby_id, pid, timeout)
+        return await self._fleet.standbys.wait(standby_id, timeout)
 
     def _environment(self, worker: Worker) -> dict[str, str]:
         assert self._environments is not None

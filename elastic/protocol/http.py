@@ -83,7 +83,6 @@ class StandbyWaitRequest(Strict):
     """A warm standby waits up to `timeout` seconds for a worker's slot to run in."""
 
     standby_id: str = Field(min_length=1, max_length=WORKER_ID_MAX_LENGTH)
-    pid: int = Field(default=0, ge=0, le=MAX_PID)
     timeout: float = Field(default=30.0, ge=0.0, le=MAX_WAIT_SECONDS)
 
 

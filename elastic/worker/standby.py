@@ -184,7 +184,7 @@ def _wait_for_slot(standby_id: str) -> dict[str, str] | None:
         print(f"elastic.worker.standby: {error}", file=sys.stderr)
         raise SystemExit(1) from None
     client = DriverClient.for_worker(config)
-    request = StandbyWaitRequest(standby_id=standby_id, pid=os.getpid(), timeout=POLL_SECONDS)
+    request = StandbyWaitRequest(standby_id=standby_id, timeout=POLL_SECONDS)
     try:
         while True:
             try:

@@ -171,7 +171,7 @@ class StandbyPool:
             standby.given.set_result(env)
         return TakenStandby(standby)
 
-    async def wait(self, standby_id: str, pid: int, timeout: float) -> StandbyAnswer:
+    async def wait(self, standby_id: str, timeout: float) -> StandbyAnswer:
         """A standby's long poll: its worker's environment once it is taken (`run`); `exit`
         when this driver does not want it (it is unknown here, stopped, or the job ends);
         `pending` after `timeout` seconds."""

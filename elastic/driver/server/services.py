@@ -33,6 +33,6 @@ class Services:
     no new workers until it is undrained. None: this driver cannot (a test's app)."""
     stop_job: Callable[[], None] | None = None
     """End the job cleanly: stop every worker, exit. None: this driver cannot."""
-    standby_wait: Callable[[str, int, float], Awaitable[StandbyAnswer]] | None = None
+    standby_wait: Callable[[str, float], Awaitable[StandbyAnswer]] | None = None
     """A warm standby's long poll `(standby id, pid, timeout)` (see
     `launch.standbys.StandbyPool.wait`). None: this driver keeps no standbys."""

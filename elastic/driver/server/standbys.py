@@ -16,4 +16,4 @@ async def wait(body: StandbyWaitRequest, svc: ServicesDep) -> StandbyAnswer:
     `pending`, or `exit` (this driver does not want the standby)."""
     if svc.standby_wait is None:
         return StandbyAnswer(status="exit")
-    return await svc.standby_wait(body.standby_id, body.pid, body.timeout)
+    return await svc.standby_wait(body.standby_id, body.timeout)

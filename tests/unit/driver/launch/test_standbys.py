@@ -59,18 +59,18 @@ def test_each_wanted_host_keeps_its_count_and_only_a_ready_one_is_taken() -> Non
         await started(standbys, "b", 2)
         assert standbys.take("a") is None, "none has waited at the driver yet: none is ready"
         first = standbys.on("a")[0]
-        polled = asyncio.ensure_future(standbys.wait(first.standby_id, 1, 30.0))
+        polled = asyncio.ensure_future(standbys.wait(first.standby_id, 30.0))
         await asyncio.sleep(0.05)
         assert standbys.take("a") is first
         process = StandbyPool.hand_over(first, {"ELASTIC_WORKER_ID": "a[0]#7"}, lambda p, f: None)
         answer = await polled
         assert (answer.status, answer.env) == ("run", {"ELASTIC_WORKER_ID": "a[0]#7"})
-        again = await standbys.wait(first.standby_id, 1, 0.0)  # its answer was lost: asked again
+        again = await standbys.wait(first.standby_id, 0.0)  # its answer was lost: asked again
         assert again.status == "run"
         assert len(standbys.on("a")) == 1 and standbys.taken == 1
         standbys.keep({"a", "b"}, {"a", "b"})
         await started(standbys, "a", 2)  # the taken one is replaced
-        assert (await standbys.wait("nobody#standby.99", 1, 0.0)).status == "exit"
+        assert (await standbys.wait("nobody#standby.99", 0.0)).status == "exit"
         process.kill()
         await standbys.close()
 
@@ -84,7 +84,7 @@ def test_a_host_no_longer_allowed_loses_its_standbys_and_they_are_told_to_exit()
         (process,) = await started(standbys, "a", 1)
         standby = standbys.on("a")[0]
         standbys.keep(set(), set())  # gone from discovery, drained or noticed
-        assert (await standbys.wait(standby.standby_id, 1, 5.0)).status == "exit"
+        assert (await standbys.wait(standby.standby_id, 5.0)).status == "exit"
         assert await asyncio.wait_for(process.wait(), 5) != 0
         assert pids_alive([process.pid]) == []
         await standbys.close()
