@@ -31,7 +31,6 @@ from elastic.driver.descriptors import raise_open_file_limit
 from elastic.driver.discovery import DiscoveryError, ScriptDiscovery
 from elastic.driver.discovery.hosts import HostSpec, parse_host_list, read_hostfile
 from elastic.driver.errors import LaunchError, UsageError
-from elastic.driver.job import Job
 from elastic.driver.launch.ssh import SshOptions
 from elastic.driver.logs import HeldLines, launcher_formatter, tags
 from elastic.driver.server.tls import TlsIdentity
@@ -241,6 +240,10 @@ def _standby(given: int | None, command: list[str]) -> int:
 
 
 async def _run(settings: Settings, console: logging.Handler) -> int:
+    # The driver (its servers, FastAPI, gRPC) is imported here, not at the top: it is most of
+    # this module's import time, which `elasticrun status` and the other job commands skip.
+    from elastic.driver.job import Job
+
     raise_open_file_limit()  # before the ports take their shares of it
     job = Job.from_settings(settings)
     console.setFormatter(launcher_formatter(settings.log_format, job.current_round))

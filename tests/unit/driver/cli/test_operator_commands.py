@@ -309,3 +309,20 @@ def test_commands_without_a_job_say_so_in_one_line(runtime: dict[str, str]) -> N
         assert len(done.stderr.strip().splitlines()) == 1
         assert "no running job in" in done.stderr
     assert command(["drain"], runtime).returncode == 2  # HOST missing: a usage error
+
+
+def test_a_job_command_does_not_load_the_driver(runtime: dict[str, str]) -> None:
+    """`elasticrun status` (drain, undrain, stop) imports neither the driver nor its HTTP
+    server: they are most of `elasticrun`'s start-up time (1.6 s of imports against 0.8 s here)."""
+    check = (
+        "import sys\n"
+        "from elastic.driver.cli import main\n"
+        "main(['status'])\n"
+        "print(sorted(m for m in sys.modules if m in ('elastic.driver.job', 'fastapi', 'uvicorn')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check], env={**os.environ, **runtime}, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert "no running job in" in done.stderr, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
