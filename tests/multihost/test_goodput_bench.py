@@ -23,6 +23,7 @@ TRACE = "ms,live_nodes\n0,32\n900000,21\n2160000,32\n3600000,32\n"
 
 
 @pytest.mark.multihost
+@pytest.mark.slow  # a bench's smoke run; tests/unit/bench checks every entry imports
 @pytest.mark.timeout(300)
 def test_goodput_writes_every_figure(tmp_path: Path) -> None:
     if reason := missing_prerequisite():

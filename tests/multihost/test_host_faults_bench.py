@@ -18,7 +18,8 @@ import pytest
 from tests.multihost.bed import missing_prerequisite
 from tests.support.paths import REPOSITORY as ROOT
 
-pytestmark = [pytest.mark.multihost, pytest.mark.timeout(150)]
+# a bench's smoke run (slow); tests/unit/bench checks every entry imports and takes argv
+pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.timeout(150)]
 
 
 def test_multihost_bench_measures_a_worker_kill(tmp_path: Path) -> None:

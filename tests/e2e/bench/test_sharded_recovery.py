@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.paths import REPOSITORY as ROOT
 
 TOY = [
@@ -26,6 +28,7 @@ GROW = ["scale_up_s", "joiner_first_step_s", "incumbent_stall_s", "step_interval
 PHASES = ["rejoin", "restore", "sync", "agree", "rewrap", "transfer", "to_dtensor", "snapshot"]
 
 
+@pytest.mark.slow  # a bench's smoke run; tests/unit/bench checks every entry imports
 def test_sharded_recovery_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "sharded.json"
     done = subprocess.run(

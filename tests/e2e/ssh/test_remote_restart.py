@@ -101,6 +101,7 @@ def wait_until_saved_offsets_cover_the_files(etcd: EtcdServer, job_id: str) -> l
     raise AssertionError(f"offsets not saved: {workers}")
 
 
+@pytest.mark.slow  # tests/multihost/test_driver_restart.py runs the same on the bed in CI
 def test_remote_workers_outlive_a_killed_driver_and_the_next_one_adopts_them(
     sshd: SshServer, elasticrun, etcd: EtcdServer, tmp_path: Path
 ) -> None:
