@@ -112,7 +112,13 @@ class BedJob:
         return result
 
     def tail(self, lines: int = 60) -> str:
+        self.job.drain()
         return "\n".join(self.job.lines[-lines:])
+
+    def launcher_output(self) -> str:
+        """Everything the launcher wrote to stderr so far."""
+        self.job.drain()
+        return "\n".join(self.job.stderr)
 
     def launcher_says(self, pattern: str, timeout: float = 10.0) -> str:
         return self.job.wait_for(pattern, timeout=timeout).group(0)

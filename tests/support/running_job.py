@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -63,6 +64,12 @@ class RunningJob:
         self.lines.append(line)
         self._streams[name].append(line)
         return name, line
+
+    def drain(self) -> None:
+        """Record every line read so far, without waiting for more."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._collect(0)
 
     def wait_for(
         self, pattern: str, timeout: float = 60.0, stream: Stream | None = None
