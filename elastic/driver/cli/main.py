@@ -240,8 +240,8 @@ def _standby(given: int | None, command: list[str]) -> int:
 
 
 async def _run(settings: Settings, console: logging.Handler) -> int:
-    # The driver (its servers, FastAPI, gRPC) is imported here, not at the top: it is most of
-    # this module's import time, which `elasticrun status` and the other job commands skip.
+    # The driver (its HTTP, gRPC and heartbeat servers) is imported here, not at the top: it
+    # is most of this module's import time, which `elasticrun status` and the like skip.
     from elastic.driver.job import Job
 
     raise_open_file_limit()  # before the ports take their shares of it

@@ -34,5 +34,5 @@ class Services:
     stop_job: Callable[[], None] | None = None
     """End the job cleanly: stop every worker, exit. None: this driver cannot."""
     standby_wait: Callable[[str, float], Awaitable[StandbyAnswer]] | None = None
-    """A warm standby's long poll `(standby id, pid, timeout)` (see
+    """A warm standby's long poll `(standby id, timeout)` (see
     `launch.standbys.StandbyPool.wait`). None: this driver keeps no standbys."""
