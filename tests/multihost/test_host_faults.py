@@ -85,12 +85,12 @@ def test_partitions_and_a_slow_link(bed: Bed, bed_job: Callable[..., BedJob]) ->
 
     # A cut shorter than the allowance: nothing happens. The driver hears nothing from the
     # last beat before the cut (up to an interval earlier) to the first one resent after it
-    # (a retransmission timeout later), so the cut is the allowance less both (1.5 s - 0.5 s
-    # - 0.5 s), after 2 s at full speed for TCP's timeout to come back down from the slow link's.
+    # (a retransmission timeout later, 0.5 s at most here), so the cut is the allowance less
+    # both, after 2 s at full speed for TCP's timeout to come down from the slow link's.
     time.sleep(2.0)
     cut = time.time()
     bed.partition("h3", from_="driver")
-    time.sleep(HEARTBEAT * (MISSES - 1) - 0.5)
+    time.sleep(HEARTBEAT * MISSES - HEARTBEAT - 0.5)  # 0.5 s
     bed.heal("h3")
     time.sleep(HEARTBEAT * MISSES * 2)
     after_short = job.steps_between(cut, time.time())
